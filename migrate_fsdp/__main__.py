@@ -1,0 +1,3 @@
+from migrate_fsdp.cli import main
+
+main()
