@@ -1,0 +1,1 @@
+"""`migrate-fsdp rewrite`: the LibCST codemod from FSDP1 to FSDP2."""

@@ -1,0 +1,79 @@
+"""Rewrite one file's source: the engine's entry point, used by the CLI, `verify` and tests."""
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper
+
+from migrate_fsdp.rewrite.context import FileContext
+from migrate_fsdp.rewrite.diagnostics import Diagnostic
+from migrate_fsdp.rewrite.dispatch import Dispatcher
+from migrate_fsdp.rewrite.imports import finish_module
+from migrate_fsdp.rewrite.names import may_use_fsdp1
+from migrate_fsdp.rewrite.selection import INTERNAL_ERROR, LEFTOVER, PARSE_ERROR, Selection
+
+
+@dataclass
+class RewriteResult:
+    path: str
+    source: bytes
+    new_source: bytes
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    encoding: str = "utf-8"
+
+    @property
+    def changed(self) -> bool:
+        return self.new_source != self.source
+
+    @property
+    def code(self) -> str:
+        return self.new_source.decode(self.encoding)
+
+    @property
+    def failed(self) -> bool:
+        """True when the file could not be processed (it does not parse, or we broke)."""
+        return any(d.code in (PARSE_ERROR, INTERNAL_ERROR) for d in self.diagnostics)
+
+
+def worth_parsing(source: bytes, selection: Selection) -> bool:
+    if may_use_fsdp1(source):
+        return True
+    return any(token in source for rule in selection.rules() for token in rule.tokens)
+
+
+def rewrite_source(
+    source: str | bytes,
+    path: str = "<string>",
+    selection: Selection | None = None,
+    todo: bool = True,
+) -> RewriteResult:
+    """Rewrite FSDP1 code in `source`; never raises for bad input, it reports it."""
+    selection = selection or Selection.from_prefixes(None, None)
+    data = source.encode("utf-8") if isinstance(source, str) else source
+    if not worth_parsing(data, selection):
+        return RewriteResult(path, data, data)
+    try:
+        module = cst.parse_module(data)
+    except cst.ParserSyntaxError as error:
+        message = f"cannot parse: {error.message}; file skipped"
+        return RewriteResult(path, data, data, [Diagnostic(path, error.raw_line, error.raw_column + 1, PARSE_ERROR, message)])
+    try:
+        return _rewrite_module(module, data, path, selection, todo)
+    except Exception as error:  # a bug of ours must not stop a run over a whole tree
+        message = f"internal error ({type(error).__name__}: {error}); file left unchanged, please report it"
+        return RewriteResult(path, data, data, [Diagnostic(path, 1, 1, INTERNAL_ERROR, message)], module.encoding)
+
+
+def _rewrite_module(module: cst.Module, data: bytes, path: str, selection: Selection, todo: bool) -> RewriteResult:
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    ctx = FileContext(path, wrapper, selection.codes, todo)
+    rules = [rule(ctx) for rule in selection.rules()]
+    dispatcher = Dispatcher(ctx, rules, catch_leftovers=LEFTOVER in selection)
+    new_module = dispatcher.run()
+    diagnostics = ctx.diagnostics()
+    if not dispatcher.changed:
+        return RewriteResult(path, data, data, diagnostics, module.encoding)
+    new_data = finish_module(new_module, ctx.imports, ctx.helpers).bytes
+    if new_data != data:
+        cst.parse_module(new_data)  # never hand back code that does not parse
+    return RewriteResult(path, data, new_data, diagnostics, module.encoding)

@@ -1,0 +1,197 @@
+"""Per-file state shared by the rules of one rewrite pass.
+
+Rules never touch imports, TODO comments or statement lists directly: they ask
+the context, and the engine applies the requests once, in one place, so that
+two rules asking for the same import or the same helper get one, and a re-run
+adds nothing.
+"""
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst._metadata_dependent import LazyValue
+from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider, Scope, ScopeProvider
+
+from migrate_fsdp.rewrite.diagnostics import Diagnostic, todo_comment
+from migrate_fsdp.rewrite.names import canonical, is_fsdp1
+
+# Nodes that own `leading_lines`, where a TODO comment can sit.
+_STATEMENT_TYPES = (
+    cst.SimpleStatementLine,
+    cst.BaseCompoundStatement,
+    cst.Else,
+    cst.Finally,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+)
+_BODY_TYPES = (cst.Module, cst.IndentedBlock)
+# Expressions whose parts run later, repeatedly or conditionally: code hoisted
+# out of them into statements would run at another time, or always.
+_DEFERRED_TYPES = (
+    cst.Lambda,
+    cst.ListComp,
+    cst.SetComp,
+    cst.DictComp,
+    cst.GeneratorExp,
+    cst.IfExp,
+    cst.BooleanOperation,
+)
+
+
+@dataclass
+class _StatementEdits:
+    before: list = field(default_factory=list)
+    after: list = field(default_factory=list)
+    todos: list = field(default_factory=list)
+
+
+class FileContext:
+    def __init__(self, path: str, wrapper: MetadataWrapper, selected: frozenset, todo: bool) -> None:
+        self.path = path
+        self.module = wrapper.module
+        self.facts: dict = {}  # analysis results rules share, keyed by rule name
+        self.stack: list[cst.CSTNode] = []  # original nodes from the module down to the current one
+        self._wrapper = wrapper
+        self._qualified = wrapper.resolve(QualifiedNameProvider)
+        self._scopes = wrapper.resolve(ScopeProvider)
+        self._selected = selected
+        self._todo = todo
+        self._reports: list[tuple[cst.CSTNode, str, str]] = []
+        self._covered: set[int] = set()
+        self._edits: dict[int, _StatementEdits] = {}
+        self.imports: dict[tuple[str, str], str] = {}  # (module, name) -> local name to add
+        self.helpers: dict[str, list[cst.BaseStatement]] = {}
+
+    # ----- reading the original tree -------------------------------------------------
+
+    def qualified_names(self, node: cst.CSTNode) -> set[str]:
+        names = self._qualified.get(node)
+        if names is None:
+            return set()
+        if isinstance(names, LazyValue):
+            names = names()
+        return {canonical(q.name) for q in names}
+
+    def fsdp1_names(self, node: cst.CSTNode) -> set[str]:
+        return {name for name in self.qualified_names(node) if is_fsdp1(name)}
+
+    def matches(self, node: cst.CSTNode, *names: str) -> bool:
+        return not self.qualified_names(node).isdisjoint(names)
+
+    def scope(self, node: cst.CSTNode) -> Scope | None:
+        scope = self._scopes.get(node)
+        return scope() if isinstance(scope, LazyValue) else scope
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)
+
+    def selected(self, code: str) -> bool:
+        return code in self._selected
+
+    # ----- where we are --------------------------------------------------------------
+
+    def statement(self) -> cst.CSTNode:
+        """The innermost statement (or clause) around the node being visited."""
+        for node in reversed(self.stack):
+            if isinstance(node, _STATEMENT_TYPES):
+                return node
+        raise LookupError("not inside a statement")
+
+    def can_insert_statements(self) -> bool:
+        """True when statements can go right before/after the current statement.
+
+        That is the case for a statement that sits in a block; not for a
+        clause (`else:`) or a one-line suite (`if x: y = f()`), where the
+        innermost statement is the compound one, nor inside a lambda, a
+        comprehension or a conditional expression: code inserted beside the
+        statement would run under different conditions.
+        """
+        for index in range(len(self.stack) - 1, 0, -1):
+            node = self.stack[index]
+            if isinstance(node, cst.SimpleStatementLine):
+                return isinstance(self.stack[index - 1], _BODY_TYPES)
+            if isinstance(node, (*_STATEMENT_TYPES, *_DEFERRED_TYPES)):
+                return False
+        return False
+
+    # ----- requests --------------------------------------------------------------------
+
+    def report(self, node: cst.CSTNode, code: str, message: str) -> None:
+        """Leave `node` as it is and tell the user why, with a TODO in the file."""
+        self._reports.append((node, code, message))
+        self._covered.add(id(node))
+        if self._todo:
+            edits = self._edits_for(self.statement())
+            comment = todo_comment(code, message)
+            if comment not in edits.todos:
+                edits.todos.append(comment)
+
+    def mark_converted(self, node: cst.CSTNode) -> None:
+        """Record that FSDP1 references inside `node` were rewritten away."""
+        self._covered.add(id(node))
+
+    def insert_before(self, statements: list[cst.BaseStatement]) -> None:
+        self._insert(statements, before=True)
+
+    def insert_after(self, statements: list[cst.BaseStatement]) -> None:
+        self._insert(statements, before=False)
+
+    def _insert(self, statements, before: bool) -> None:
+        if not self.can_insert_statements():
+            raise ValueError("statements cannot be inserted here; check can_insert_statements() first")
+        edits = self._edits_for(self.statement())
+        (edits.before if before else edits.after).extend(statements)
+
+    def require_import(self, module: str, name: str) -> str:
+        """Make `name` from `module` available at module level; returns the local name."""
+        key = (module, name)
+        if key not in self.imports:
+            self.imports[key] = self._free_local_name(module, name)
+        return self.imports[key]
+
+    def add_helper(self, name: str, source: str) -> str:
+        """Add a module-level definition (once), unless the file already has one of that name."""
+        if name not in self.helpers and not self._defines_top_level(name):
+            self.helpers[name] = list(cst.parse_module(source).body)
+        return name
+
+    # ----- engine side -------------------------------------------------------------------
+
+    def is_covered(self, ancestor_ids) -> bool:
+        return not self._covered.isdisjoint(ancestor_ids)
+
+    def pop_edits(self, statement: cst.CSTNode) -> _StatementEdits | None:
+        return self._edits.pop(id(statement), None)
+
+    def diagnostics(self) -> list[Diagnostic]:
+        if not self._reports:
+            return []
+        positions = self._wrapper.resolve(PositionProvider)
+        result = []
+        for node, code, message in self._reports:
+            start = positions[node].start
+            result.append(Diagnostic(self.path, start.line, start.column + 1, code, message))
+        return sorted(set(result))
+
+    def _edits_for(self, statement: cst.CSTNode) -> _StatementEdits:
+        return self._edits.setdefault(id(statement), _StatementEdits())
+
+    def _global_scope(self) -> Scope | None:
+        return self.scope(self.module)
+
+    def _free_local_name(self, module: str, name: str) -> str:
+        scope = self._global_scope()
+        if scope is None or name not in scope:
+            return name
+        if f"{module}.{name}" in {q.name for q in scope.get_qualified_names_for(name)}:
+            return name
+        alias = f"fsdp2_{name}"
+        if alias in scope:
+            raise ValueError(f"cannot import {module}.{name}: both {name} and {alias} are taken")
+        return alias
+
+    def _defines_top_level(self, name: str) -> bool:
+        for statement in self.module.body:
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and statement.name.value == name:
+                return True
+        return False

@@ -1,0 +1,148 @@
+"""Runs every selected rule in one traversal, and catches what they all missed.
+
+Two walks of the same tree with the same metadata: a read-only one for the
+rules' `collect_*` hooks, then the rewriting one. During the rewriting walk
+the dispatcher also notes every reference to an FSDP1 name; when the smallest
+statement holding one is left and no rule converted or reported it, the
+reference gets the catch-all diagnostic, so nothing FSDP1 stays behind
+silently.
+"""
+
+from collections import defaultdict
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.context import _STATEMENT_TYPES, FileContext
+from migrate_fsdp.rewrite.syntax import chain_root, dotted
+
+LEFTOVER_CODE = "MF900"
+
+
+def _hooks(rules, prefix: str) -> dict[str, list]:
+    table = defaultdict(list)
+    for rule in rules:
+        for attr in dir(type(rule)):
+            if attr.startswith(prefix):
+                table[attr[len(prefix) :]].append(getattr(rule, attr))
+    return dict(table)
+
+
+class _Collector(cst.CSTVisitor):
+    """The read-only walk: rules' `collect_*` hooks, and the names imports from torch bind."""
+
+    def __init__(self, ctx: FileContext, hooks: dict, torch_names: set) -> None:
+        self.ctx = ctx
+        self.hooks = hooks
+        self.torch_names = torch_names
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.ctx.stack.append(node)
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            self._note_torch_import(node)
+        for hook in self.hooks.get(type(node).__name__, ()):
+            hook(node)
+        return True
+
+    def _note_torch_import(self, node) -> None:
+        if isinstance(node, cst.ImportFrom):
+            if node.relative or not dotted(node.module).startswith("torch"):
+                return
+            if isinstance(node.names, cst.ImportStar):
+                return
+        for alias in node.names:
+            if isinstance(node, cst.Import) and not dotted(alias.name).startswith("torch"):
+                continue
+            bound = alias.asname.name if alias.asname else alias.name
+            self.torch_names.add(chain_root(bound) if isinstance(bound, (cst.Name, cst.Attribute)) else "")
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.ctx.stack.pop()
+
+
+class Dispatcher(cst.CSTTransformer):
+    def __init__(self, ctx: FileContext, rules: list, catch_leftovers: bool) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self._collect = _hooks(rules, "collect_")
+        self._visit = _hooks(rules, "visit_")
+        self._leave = _hooks(rules, "leave_")
+        self._catch_leftovers = catch_leftovers
+        self._import_depth = 0
+        self._open_references: dict[int, list] = defaultdict(list)  # statement id -> [(node, ancestor ids)]
+        self._reference_ids: set[int] = set()
+        self._torch_names: set[str] = set()  # local names that imports from torch bind
+        self.changed = False  # LibCST rebuilds every node, so identity cannot tell
+
+    def run(self) -> cst.Module:
+        self.ctx.module.visit(_Collector(self.ctx, self._collect, self._torch_names))
+        return self.ctx.module.visit(self)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        ctx = self.ctx
+        ctx.stack.append(node)
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            self._import_depth += 1
+        elif self._catch_leftovers and not self._import_depth and isinstance(node, (cst.Name, cst.Attribute)):
+            self._note_reference(node)
+        for hook in self._visit.get(type(node).__name__, ()):
+            hook(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node):
+        result = updated_node
+        for hook in self._leave.get(type(original_node).__name__, ()):
+            result = hook(original_node, result)
+            if type(result) is not type(original_node):
+                break
+        if isinstance(original_node, (cst.Import, cst.ImportFrom)):
+            self._import_depth -= 1
+        elif isinstance(original_node, _STATEMENT_TYPES):
+            self._flag_leftovers(original_node)
+            result = self._apply_statement_edits(original_node, result)
+        if result is not updated_node:
+            self.changed = True
+        self.ctx.stack.pop()
+        return result
+
+    def _note_reference(self, node) -> None:
+        # Qualified names are computed lazily and cost; only chains rooted in a
+        # name imported from torch can resolve into torch.distributed.fsdp.
+        if chain_root(node) not in self._torch_names or not self.ctx.fsdp1_names(node):
+            return
+        ancestor_ids = [id(n) for n in self.ctx.stack]
+        if self._reference_ids.isdisjoint(ancestor_ids[:-1]):  # only the outermost of a chain
+            self._reference_ids.add(id(node))
+            self._open_references[id(self.ctx.statement())].append((node, ancestor_ids))
+
+    def _flag_leftovers(self, statement) -> None:
+        for node, ancestor_ids in self._open_references.pop(id(statement), ()):
+            if not self.ctx.is_covered(ancestor_ids):
+                name = sorted(self.ctx.fsdp1_names(node))[0]
+                self.ctx.report(
+                    node,
+                    LEFTOVER_CODE,
+                    f"`{self.ctx.code(node)}` ({name}) is FSDP1 API with no automatic FSDP2 rewrite here; "
+                    "see docs/mapping.md for its FSDP2 replacement",
+                )
+
+    def _apply_statement_edits(self, original, updated):
+        edits = self.ctx.pop_edits(original)
+        if edits is None or not isinstance(updated, _STATEMENT_TYPES):
+            return updated
+        if edits.todos:
+            present = {line.comment.value for line in updated.leading_lines if line.comment}
+            new_lines = [
+                cst.EmptyLine(comment=cst.Comment(text)) for text in edits.todos if text not in present
+            ]
+            updated = updated.with_changes(leading_lines=[*updated.leading_lines, *new_lines])
+        if not (edits.before or edits.after):
+            return updated
+        group = [*edits.before, updated, *edits.after]
+        if edits.before:
+            # Comments above the statement stay above the whole group; TODOs stay on it.
+            todo_texts = set(edits.todos)
+            own = [line for line in updated.leading_lines if line.comment and line.comment.value in todo_texts]
+            above = [line for line in updated.leading_lines if line not in own]
+            group[0] = group[0].with_changes(leading_lines=[*above, *group[0].leading_lines])
+            group[len(edits.before)] = updated.with_changes(leading_lines=own)
+        return cst.FlattenSentinel(group)

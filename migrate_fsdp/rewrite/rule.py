@@ -1,0 +1,37 @@
+"""The contract between the engine and a rule.
+
+A rule is a small class with a stable code. The engine runs every selected
+rule in one traversal of the file (metadata is built once per file), calling
+the hooks a rule defines, by node type name:
+
+- ``collect_<Node>(node)``: a read-only pass over the whole file that runs
+  before any rewriting, for facts a rule needs ahead of use (which names hold
+  FSDP1 models, which dicts feed ``**kwargs``).
+- ``visit_<Node>(node)`` and ``leave_<Node>(original, updated)``: the
+  rewriting pass, as in a LibCST transformer. Several rules may hook the same
+  node type; they run in registry order, each getting the previous result,
+  until one returns a node of another type.
+
+Metadata (qualified names, scopes) describes the *original* tree, so rules
+query it with original nodes. A rule that converts or reports an FSDP1
+reference must say so (``ctx.mark_converted`` / ``ctx.report``) before the
+smallest statement holding it is left, which is when the engine decides
+whether that reference was left behind silently.
+"""
+
+from typing import ClassVar
+
+from migrate_fsdp.rewrite.context import FileContext
+
+
+class Rule:
+    code: ClassVar[str]
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    # Byte strings that make a file worth parsing for this rule even when it
+    # never names torch.distributed.fsdp (e.g. `.no_sync(` on a model built
+    # in another file).
+    tokens: ClassVar[tuple[bytes, ...]] = ()
+
+    def __init__(self, ctx: FileContext) -> None:
+        self.ctx = ctx

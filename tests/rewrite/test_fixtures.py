@@ -1,0 +1,17 @@
+"""Whole-file codemod fixtures: exact output, exact diagnostics, fixed point, no unmarked leftovers."""
+
+import pytest
+
+from tests.rewrite.fixture_checks import check_case
+from tests.support import FIXTURES
+
+CASES = sorted(p for p in (FIXTURES / "rewrite").iterdir() if p.is_dir())
+
+
+def test_there_are_cases():
+    assert CASES
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_fixture(case):
+    check_case(case)
