@@ -55,3 +55,18 @@ def test_prefilter_rejects_files_without_fsdp1():
     assert not may_use_fsdp1(b"from torch.distributed.fsdp import fully_shard, FSDPModule\n")
     assert not may_use_fsdp1(b"import functools\n@functools.wraps(f)\ndef fsdp_helper(): pass\n")
     assert may_use_fsdp1(b"import torch.distributed.fsdp as fsdp\nfsdp.ShardingStrategy\n")
+
+
+def test_prefilter_follows_every_import_route():
+    routes = [
+        b"from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n",
+        b"import torch\nm = torch.distributed.fsdp.FullyShardedDataParallel(m)\n",
+        b"from torch.distributed import fsdp\nfsdp.ShardingStrategy\n",
+        b"from torch.distributed import (\n    barrier,\n    fsdp,\n)\nfsdp.ShardingStrategy\n",
+        b"from torch import distributed as dist\ndist.fsdp.ShardingStrategy\n",
+        b"import torch.distributed as dist\ndist.fsdp.ShardingStrategy\n",
+    ]
+    for source in routes:
+        assert may_use_fsdp1(source), source
+    # relative imports inside torch's own fsdp package never resolve to absolute names
+    assert not may_use_fsdp1(b"from ._common_utils import FullyShardedDataParallel  # fsdp\n")
