@@ -1,0 +1,159 @@
+"""Writing pickles that name torch (and DCP) classes without importing them.
+
+The standard pickler looks a class up by importing its module, which would
+cost the seconds of `import torch` and `torch.distributed.checkpoint`. The
+stand-ins here carry a global's module and name instead; `Pickler` writes them
+as the same opcodes the real objects produce, so torch reads the result as if
+torch had written it. Tensors become `torch._utils._rebuild_tensor_v2`
+(or `_v3` for dtypes without a typed storage) over a persistent storage id,
+exactly as torch.save writes them.
+"""
+
+import collections
+import io
+import pickle
+from dataclasses import dataclass
+
+from migrate_fsdp.convert_ckpt.tensors import TensorRef, contiguous_strides
+
+
+@dataclass(frozen=True)
+class GlobalRef:
+    """A module-level name (a class, a function, a dtype) referred to by name."""
+
+    module: str
+    name: str
+
+    def __call__(self, *args):  # the pickler requires reduce functions to be callable
+        raise TypeError(f"{self.module}.{self.name} is a stand-in and cannot be called")
+
+    def __repr__(self):
+        return f"{self.module}.{self.name}"
+
+
+@dataclass(eq=False)
+class Reduced:
+    """`func(*args)` (then BUILD `state` when not None): torch.device("cuda", 0), an enum member..."""
+
+    func: GlobalRef
+    args: tuple
+    state: object = None
+
+    def __repr__(self):
+        return f"{self.func!r}{self.args!r}"
+
+
+class TorchSize(tuple):
+    """torch.Size: a tuple that pickles as torch.Size."""
+
+
+@dataclass(eq=False)
+class NewObj:
+    """An instance of `cls` rebuilt by NEWOBJ then BUILD `state`: how dataclasses pickle (DCP metadata)."""
+
+    cls: GlobalRef
+    state: object
+
+
+TORCH_UTILS = "torch._utils"
+
+
+def dtype_ref(dtype) -> GlobalRef:
+    return GlobalRef("torch", dtype.name)
+
+
+@dataclass
+class StorageSlot:
+    """One storage record of the archive being written: the tensor whose elements fill it."""
+
+    key: str
+    tensor: TensorRef
+
+
+class Pickler(pickle._Pickler):
+    """Pure-Python pickler (its save_global can be overridden) that writes stand-ins by name.
+
+    Tensors met on the way become storages of the archive; `storages` lists
+    them in the order their records must be written. Tensors that are the same
+    view of the same source storage (tied weights) share one storage, as
+    torch.save would have them.
+    """
+
+    dispatch = pickle._Pickler.dispatch.copy()
+
+    def __init__(self, file, protocol=2):
+        super().__init__(file, protocol=protocol)
+        self.storages: list[StorageSlot] = []
+        self._by_identity: dict = {}
+
+    def save(self, obj, save_persistent_id=True):
+        if isinstance(obj, TensorRef):
+            return self._save_tensor(obj)
+        return super().save(obj, save_persistent_id)
+
+    def persistent_id(self, obj):
+        if isinstance(obj, StorageSlot):
+            tensor = obj.tensor
+            if tensor.dtype.storage:
+                storage = GlobalRef("torch", tensor.dtype.storage)
+            else:
+                storage = GlobalRef("torch.storage", "UntypedStorage")
+            numel = tensor.numel if tensor.dtype.storage else tensor.nbytes
+            return ("storage", storage, obj.key, "cpu", numel)
+        return None
+
+    def _save_tensor(self, tensor: TensorRef) -> None:
+        identity = getattr(tensor, "identity", None)
+        slot = self._by_identity.get(identity) if identity is not None else None
+        if slot is None:
+            slot = StorageSlot(str(len(self.storages)), tensor)
+            self.storages.append(slot)
+            if identity is not None:
+                self._by_identity[identity] = slot
+        args = (slot, 0, TorchSize(tensor.shape), contiguous_strides(tensor.shape), False, collections.OrderedDict())
+        if tensor.dtype.storage:
+            self.save_reduce(GlobalRef(TORCH_UTILS, "_rebuild_tensor_v2"), args)
+        else:
+            self.save_reduce(GlobalRef(TORCH_UTILS, "_rebuild_tensor_v3"), (*args, dtype_ref(tensor.dtype)))
+
+    def save_global(self, obj, name=None):
+        if not isinstance(obj, GlobalRef):
+            return super().save_global(obj, name)
+        if self.proto >= 4:
+            self.save(obj.module)
+            self.save(obj.name)
+            self.write(pickle.STACK_GLOBAL)
+        else:
+            self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode("utf-8"))
+        self.memoize(obj)
+
+    dispatch[GlobalRef] = save_global
+
+    def _save_reduced(self, obj: Reduced):
+        self.save_reduce(obj.func, tuple(obj.args), obj.state, obj=obj)
+
+    dispatch[Reduced] = _save_reduced
+
+    def _save_size(self, obj: TorchSize):
+        self.save_reduce(GlobalRef("torch", "Size"), (tuple(obj),), obj=obj)
+
+    dispatch[TorchSize] = _save_size
+
+    def _save_newobj(self, obj: NewObj):
+        self.save(obj.cls)
+        self.save(())
+        self.write(pickle.NEWOBJ)
+        self.memoize(obj)
+        if obj.state is not None:
+            self.save(obj.state)
+            self.write(pickle.BUILD)
+
+    dispatch[NewObj] = _save_newobj
+
+
+def dumps(obj, protocol=2) -> tuple[bytes, list[StorageSlot]]:
+    """The pickle of `obj` and the storages (tensors) it refers to."""
+    buffer = io.BytesIO()
+    pickler = Pickler(buffer, protocol=protocol)
+    pickler.dump(obj)
+    return buffer.getvalue(), pickler.storages

@@ -1,0 +1,77 @@
+"""Writing a DCP checkpoint directory as FileSystemWriter lays it out, one tensor at a time.
+
+Why not dcp.save: it needs every tensor materialised as a torch.Tensor, its
+planner pickles metadata for all of them first, its single-process writer
+serialises each tensor through torch.save (CRC over every byte) and it costs
+`import torch.distributed.checkpoint` (seconds, ~50 MB). The format itself is
+simple: per flat key a torch.save blob (of the tensor, or of the pickled
+value) at an offset of a `__<rank>_<n>.distcp` file, and a `.metadata` pickle
+mapping keys to blobs.
+
+`shards=N` stores each model and optimizer tensor as the N dim-0 chunks FSDP2
+gives its ranks (torch.chunk: ceil(rows/N) rows each, empty chunks dropped),
+chunk r in `__r_0.distcp`, the layout dcp.save produces from N FSDP2 ranks: a
+rank's load then reads its own chunk only.
+"""
+
+import math
+import os
+from contextlib import ExitStack
+
+from migrate_fsdp.convert_ckpt import dcp_format
+from migrate_fsdp.convert_ckpt.fileio import OutputFile
+from migrate_fsdp.convert_ckpt.flatten import flatten
+from migrate_fsdp.convert_ckpt.pickling import dumps
+from migrate_fsdp.convert_ckpt.tensors import RowSlice, TensorRef
+from migrate_fsdp.convert_ckpt.write_torch import write_archive
+
+
+def fsdp2_row_chunks(rows: int, shards: int) -> list[tuple[int, int]]:
+    """Row ranges of the dim-0 shards FSDP2 gives `shards` ranks (torch.chunk boundaries), empty ones left out."""
+    size = math.ceil(rows / shards)
+    return [(start, min(rows, start + size)) for start in range(0, rows, size)] if rows else []
+
+
+def _file_name(rank: int) -> str:
+    return f"__{rank}_0.distcp"
+
+
+def write_dcp(tree: dict, directory: str, checkpoint_id: str, on_bytes, shards: int = 1, sharded=lambda value: False):
+    """Write `tree` as DCP into `directory`; `sharded(tensor)` says which tensors FSDP2 shards."""
+    files: dict[int, OutputFile] = {}
+    entries, planner_data, storage_data = {}, {}, {}
+    with ExitStack() as stack:
+
+        def write_blob(rank: int, obj):
+            if rank not in files:
+                path = os.path.join(directory, _file_name(rank))
+                files[rank] = stack.enter_context(OutputFile(path, on_bytes))
+            out = files[rank]
+            start = out.position
+            write_archive(out, obj)
+            return dcp_format.storage_info(_file_name(rank), start, out.position - start)
+
+        for key, path, value in flatten(tree):
+            planner_data[key] = path
+            if not isinstance(value, TensorRef):
+                entries[key] = dcp_format.bytes_entry()
+                storage_data[dcp_format.storage_key(key)] = write_blob(0, value)
+                continue
+            ranges = fsdp2_row_chunks(value.shape[0], shards) if shards > 1 and value.shape and sharded(value) else []
+            chunks = []
+            if len(ranges) > 1:
+                for rank, rows in enumerate(ranges):
+                    offsets = (rows[0],) + (0,) * (len(value.shape) - 1)
+                    info = write_blob(rank, RowSlice(value, rows))
+                    storage_data[dcp_format.storage_key(key, offsets, len(chunks))] = info
+                    chunks.append((offsets, (rows[1] - rows[0], *value.shape[1:])))
+            else:
+                offsets = (0,) * len(value.shape)
+                storage_data[dcp_format.storage_key(key, offsets, 0)] = write_blob(0, value)
+                chunks.append((offsets, value.shape))
+            entries[key] = dcp_format.tensor_entry(value.dtype, value.shape, chunks)
+        if not files:  # DCP always has a data file, even for an empty state dict
+            stack.enter_context(OutputFile(os.path.join(directory, _file_name(0))))
+    data, _ = dumps(dcp_format.metadata(entries, planner_data, storage_data, checkpoint_id), protocol=4)
+    with OutputFile(os.path.join(directory, dcp_format.METADATA_FILE)) as metadata_file:
+        metadata_file.write(data)

@@ -1,0 +1,95 @@
+"""Inputs that are not FULL_STATE_DICT checkpoints are refused with one line that names what to do instead.
+
+The FSDP1 variants are generated for real, by FSDP1 on 2 gloo ranks (fixtures/ckpt/fsdp1_variants.py).
+"""
+
+import pickle
+
+import pytest
+import torch
+
+from tests.convert_ckpt.helpers import cli, cli_process, full_checkpoint
+from tests.support import FIXTURES, torchrun
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp1_variants")
+    torchrun(FIXTURES / "ckpt" / "fsdp1_variants.py", out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("local_rank0", "LOCAL_STATE_DICT"),
+        ("local_rank1", "LOCAL_STATE_DICT"),
+        ("sharded_rank0", "SHARDED_STATE_DICT"),
+        ("raw_optim_rank0", "raw optimizer.state_dict()"),
+        ("raw_optim_rank1", "raw optimizer.state_dict()"),
+        ("full_rank1", "rank0_only=True"),
+        ("dtensor_rank0", "DTensor"),
+    ],
+)
+def test_fsdp_checkpoints_that_are_not_full(variants, tmp_path, name, expected):
+    done = cli_process(variants / f"{name}.pt", tmp_path / "dcp")
+    assert done.returncode == 2
+    assert expected in done.stderr
+    assert done.stderr.startswith("migrate-fsdp convert-ckpt: error: ") and done.stderr.count("\n") == 1
+    assert not (tmp_path / "dcp").exists()
+
+
+def test_the_full_checkpoint_of_the_same_run_converts(variants, tmp_path):
+    result = cli(variants / "full_rank0.pt", tmp_path / "dcp", "--verify")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        ([torch.ones(2)], "holds a list"),
+        (torch.ones(2), "holds a tensor"),
+        ({"epoch": 3}, "holds no tensors"),
+        ({"model": {}, "optimizer": {}}, "holds no tensors"),
+    ],
+)
+def test_non_dict_and_empty_pickles(saved, tmp_path, obj, expected):
+    result = cli(saved(obj), tmp_path / "dcp")
+    assert result.exit_code == 2 and expected in result.stderr
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.99])
+def test_truncated_torch_file(saved, tmp_path, keep):
+    path = saved(full_checkpoint())
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    result = cli(path, tmp_path / "dcp")
+    assert result.exit_code == 2 and "truncated" in result.stderr
+
+
+def test_truncated_safetensors(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.ones(100, 100)}, path)
+    path.write_bytes(path.read_bytes()[:-100])
+    result = cli(path, tmp_path / "dcp")
+    assert result.exit_code == 2 and "truncated" in result.stderr
+
+
+def test_dcp_with_a_missing_data_file(saved, tmp_path):
+    assert cli(saved(full_checkpoint()), tmp_path / "dcp").exit_code == 0
+    (tmp_path / "dcp" / "__0_0.distcp").unlink()
+    result = cli(tmp_path / "dcp", tmp_path / "full.pt", "--to", "torch")
+    assert result.exit_code == 2 and "missing" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [(b"", "is empty"), (pickle.dumps({"w": 1}), "plain pickle"), (b"hello world", "not a checkpoint")],
+)
+def test_files_that_are_not_checkpoints(tmp_path, content, expected):
+    path = tmp_path / "input.pt"
+    path.write_bytes(content)
+    result = cli(path, tmp_path / "dcp")
+    assert result.exit_code == 2 and expected in result.stderr
