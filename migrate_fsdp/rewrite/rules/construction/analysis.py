@@ -1,0 +1,141 @@
+"""Facts about the file that the construction rules read: definitions, devices, meta-device builds.
+
+Gathered from the read-only pass, so that a call can be judged with the
+whole file in view (a module-level `policy = ...` may be written below the
+function that uses it).
+"""
+
+import libcst as cst
+from libcst.metadata import Assignment
+
+from migrate_fsdp.rewrite.rules.construction.arguments import Definition, Definitions
+from migrate_fsdp.rewrite.rules.construction.codegen import Names
+from migrate_fsdp.rewrite.rules.construction.devices import SET_DEVICE, TORCH_DEVICE
+from migrate_fsdp.rewrite.syntax import chain_root
+
+
+class Analysis:
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.definitions = Definitions(ctx)
+        self.names = Names(ctx)
+        self.current_devices: set[str] = set()  # source of X in torch.cuda.set_device(X) and friends
+        self._on_meta: set[int] = set()  # ids of names assigned inside `with torch.device("meta"):`
+        self.order: dict[int, int] = {}  # statement id -> position in the file
+        self.insertable: set[int] = set()  # statements that statements may be inserted before
+        self._inits: list[int] = []  # positions of statements calling init_process_group
+        self.fsdp1_arguments: set[int] = set()  # ids of every node inside FSDP1 calls and their kwargs dicts
+
+    # ----- fed by the read-only pass ------------------------------------------------------
+
+    def note_assign(self, node: cst.Assign) -> None:
+        self.definitions.note(node)
+        if self._inside_meta_device():
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    self._on_meta.add(id(target.target))
+
+    def note_statement(self, node) -> None:
+        self.order[id(node)] = len(self.order)
+        if self.ctx.can_insert_statements():
+            self.insertable.add(id(node))
+
+    def note_call(self, node: cst.Call) -> None:
+        if node.args and self.ctx.matches(node.func, *SET_DEVICE):
+            self.current_devices.add(self.ctx.code(node.args[0].value))
+        if self.ctx.matches(node.func, "torch.distributed.init_process_group"):
+            self._inits.append(len(self.order) - 1)
+
+    def initialises_between(self, first, last) -> bool:
+        """Whether the process group is initialised after statement `first` and up to statement `last`."""
+        start, end = self.order[id(first)], self.order[id(last)]
+        return any(start < position <= end for position in self._inits)
+
+    def _inside_meta_device(self) -> bool:
+        for node in self.ctx.stack:
+            if isinstance(node, cst.With) and any(self._is_meta_device(item.item) for item in node.items):
+                return True
+        return False
+
+    def _is_meta_device(self, node) -> bool:
+        return (
+            isinstance(node, cst.Call)
+            and self.ctx.matches(node.func, TORCH_DEVICE)
+            and len(node.args) == 1
+            and isinstance(node.args[0].value, cst.SimpleString)
+            and node.args[0].value.evaluated_value == "meta"
+        )
+
+    # ----- readers for the keyword rules ------------------------------------------------------
+
+    def follow(self, node: cst.BaseExpression, plan) -> tuple[cst.BaseExpression, Definition | None]:
+        """The value a name stands for at the call (see Definitions.follow), recorded as used by `plan`.
+
+        Only names that nothing but FSDP1 calls reads: any other use could
+        change the object (MixedPrecision is a mutable dataclass) or need it.
+        """
+        value, definition = self.definitions.follow(node, plan.site.node)
+        if definition is None or not all(id(load) in self.fsdp1_arguments for load in definition.loads):
+            return node, None
+        plan.definitions.append(definition)
+        return value, definition
+
+    def shared_name(self, node) -> bool:
+        """`node` names a value assigned once that something other than FSDP1 calls also reads."""
+        definition = self.definitions.of(node)
+        return definition is not None and not all(id(load) in self.fsdp1_arguments for load in definition.loads)
+
+    def unfollow(self, definition: Definition, plan) -> None:
+        """The name stays in the output after all: its definition is still needed."""
+        plan.definitions.remove(definition)
+
+    def function(self, node) -> cst.FunctionDef | None:
+        """The `def` a name refers to, when it is the only binding in sight."""
+        if not isinstance(node, cst.Name):
+            return None
+        scope = self.ctx.scope(node)
+        assignments = scope[node.value] if scope is not None else set()
+        if len(assignments) != 1:
+            return None
+        (assignment,) = assignments
+        if isinstance(assignment, Assignment) and isinstance(assignment.node, cst.FunctionDef):
+            return assignment.node
+        return None
+
+    def built_on_meta(self, node) -> bool:
+        """`node` is a name some assignment under `with torch.device("meta"):` gives."""
+        if not isinstance(node, cst.Name):
+            return False
+        scope = self.ctx.scope(node)
+        return scope is not None and any(id(a.node) in self._on_meta for a in scope[node.value] if isinstance(a, Assignment))
+
+    def fsdp1_references(self, node) -> list[cst.CSTNode]:
+        """The outermost FSDP1 names and attribute chains inside `node` (original tree)."""
+        ctx = self.ctx
+        found = []
+
+        class _Find(cst.CSTVisitor):
+            def visit_Attribute(self, attribute) -> bool:
+                return not self._check(attribute)
+
+            def visit_Name(self, name) -> None:
+                self._check(name)
+
+            def _check(self, chain) -> bool:
+                if chain_root(chain) and ctx.fsdp1_names(chain):
+                    found.append(chain)
+                    return True
+                return False
+
+        node.visit(_Find())
+        return found
+
+    @staticmethod
+    def is_none(node) -> bool:
+        return isinstance(node, cst.Name) and node.value == "None"
+
+    @staticmethod
+    def literal_bool(node) -> bool | None:
+        if isinstance(node, cst.Name) and node.value in ("True", "False"):
+            return node.value == "True"
+        return None

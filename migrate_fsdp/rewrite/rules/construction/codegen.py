@@ -1,0 +1,141 @@
+"""Building the FSDP2 code the construction rules emit.
+
+Generated code is written as readable templates whose placeholders (upper-case
+names) are filled with nodes, so that it reads like what a person would write
+and the user's own sub-expressions keep their exact text. References to torch
+reuse the names the file already binds (`torch`, `dist`, `nn`), so the output
+does not grow a second spelling of the same module.
+"""
+
+import json
+import textwrap
+
+import libcst as cst
+from libcst.metadata import Scope
+
+_NO_SPACE = cst.SimpleWhitespace("")
+_SPACE = cst.SimpleWhitespace(" ")
+
+
+class _Fill(cst.CSTTransformer):
+    def __init__(self, values: dict) -> None:
+        super().__init__()
+        self.values = values
+
+    def leave_Name(self, original, updated):
+        value = self.values.get(updated.value)
+        if value is None:
+            return updated
+        if updated.lpar:  # `(PLACEHOLDER)` in a template keeps its parentheses
+            return value.with_changes(lpar=updated.lpar, rpar=updated.rpar)
+        return grouped(value)
+
+
+# Expressions that need parentheses inside `a and X`, `X.attr`, `X(...)`.
+_LOOSE = (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr, cst.UnaryOperation, cst.BinaryOperation, cst.Comparison)
+
+
+def grouped(node):
+    """`node` in parentheses when an operator inside it binds more loosely than a call or attribute."""
+    if isinstance(node, _LOOSE) and not node.lpar:
+        return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return node
+
+
+def _node(value):
+    return cst.parse_expression(value) if isinstance(value, str) else value
+
+
+def expression(template: str, **values) -> cst.BaseExpression:
+    """`template` parsed as an expression, its upper-case placeholders replaced by `values`."""
+    filled = {key: _node(value) for key, value in values.items()}
+    return cst.parse_expression(template).visit(_Fill(filled))
+
+
+def statements(template: str, **values) -> list[cst.BaseStatement]:
+    """`template` parsed as statements (any indentation), placeholders replaced by `values`."""
+    filled = {key: _node(value) for key, value in values.items()}
+    module = cst.parse_module(textwrap.dedent(template).strip("\n") + "\n")
+    body = [statement.visit(_Fill(filled)) for statement in module.body]
+    if module.header:  # a comment on the first line belongs to the first statement
+        body[0] = body[0].with_changes(leading_lines=[*module.header, *body[0].leading_lines])
+    return body
+
+
+def keyword(name: str, value, comma=cst.MaybeSentinel.DEFAULT) -> cst.Arg:
+    return cst.Arg(
+        value=_node(value),
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(whitespace_before=_NO_SPACE, whitespace_after=_NO_SPACE),
+        comma=comma,
+    )
+
+
+def call(func: str, *args, **kwargs) -> cst.Call:
+    """`func(args..., name=value...)` on one line."""
+    parts = [cst.Arg(value=_node(arg)) for arg in args]
+    parts += [keyword(name, value) for name, value in kwargs.items()]
+    return cst.Call(func=_node(func), args=with_commas(parts))
+
+
+def with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
+    """`args` separated by ", " (the last one without a comma)."""
+    comma = cst.Comma(whitespace_after=_SPACE)
+    return [arg.with_changes(comma=comma if i < len(args) - 1 else cst.MaybeSentinel.DEFAULT) for i, arg in enumerate(args)]
+
+
+def string(text: str) -> cst.SimpleString:
+    """A double-quoted string literal (the quotes most Python code uses)."""
+    return cst.SimpleString(json.dumps(text))
+
+
+def is_reevaluable(node) -> bool:
+    """A name or attribute chain: evaluating it again gives the same object without side effects."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return isinstance(node, cst.Name)
+
+
+class Names:
+    """Local names for the code a file gains: fresh variables, and torch references."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self._bindings: dict[int, dict[str, str]] = {}
+        self.released: set = set()  # assignments the rewrite removes: their names are free again
+
+    def fresh(self, anchor: cst.CSTNode, *candidates: str) -> str:
+        """The first candidate (then `candidate_2`, ...) that nothing in `anchor`'s scope binds."""
+        scope = self.ctx.scope(anchor)
+        for suffix in ("", "_2", "_3", "_4", "_5"):
+            for candidate in candidates:
+                name = candidate + suffix
+                if scope is None or name not in scope or all(a in self.released for a in scope[name]):
+                    return name
+        raise ValueError(f"no free name among {candidates}")
+
+    def ref(self, anchor: cst.CSTNode, qualified: str) -> str:
+        """Source text reaching `qualified` (e.g. torch.distributed.get_rank) from `anchor`."""
+        bindings = self._visible(self.ctx.scope(anchor))
+        parts = qualified.split(".")
+        for cut in range(len(parts), 0, -1):
+            local = bindings.get(".".join(parts[:cut]))
+            if local is not None:
+                return ".".join([local, *parts[cut:]])
+        module, _, name = qualified.rpartition(".")
+        return self.ctx.require_import(module, name)
+
+    def _visible(self, scope: Scope | None) -> dict[str, str]:
+        """Qualified module/object name -> local name, for imports visible in `scope`."""
+        if scope is None:
+            return {}
+        key = id(scope)
+        if key not in self._bindings:
+            found = dict(self._visible(scope.parent)) if scope.parent is not scope else {}
+            for assignment in scope.assignments:  # an inner import wins over an outer one
+                if not isinstance(getattr(assignment, "node", None), (cst.Import, cst.ImportFrom)):
+                    continue
+                for qualified in scope.get_qualified_names_for(assignment.name):
+                    found[qualified.name] = assignment.name
+            self._bindings[key] = found
+        return self._bindings[key]

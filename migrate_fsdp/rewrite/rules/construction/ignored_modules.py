@@ -1,0 +1,82 @@
+"""MF107: `ignored_modules` / `ignored_states` -> fully_shard's `ignored_params`.
+
+FSDP1 ignores the parameters of the given modules' whole subtrees
+(`_get_ignored_modules`, `_get_ignored_params`), or the given parameters
+(ignored_states), in the root and in every auto-wrapped child; auto-wrapping
+also skips the ignored modules. FSDP2 takes the parameters: the rewrite
+passes the same set to every fully_shard call and skips the same modules.
+"""
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.rules.construction.codegen import expression, is_reevaluable
+from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
+
+
+@dataclass
+class Ignored:
+    roots: cst.BaseExpression  # what the user passed
+    states: bool  # ignored_states (parameters or modules), not ignored_modules
+
+
+class IgnoredModulesRule(KeywordRule):
+    code = "MF107"
+    name = "ignored-modules"
+    summary = "ignored_modules / ignored_states -> ignored_params"
+    keywords = ("ignored_modules", "ignored_states")
+
+    def apply(self, argument, plan) -> None:
+        if self.analysis.is_none(argument.value):
+            return
+        if plan.ignored is not None:
+            raise Unconvertible("FSDP1 rejects ignored_modules together with ignored_states; keep one")
+        plan.ignored = Ignored(argument.value, argument.name == "ignored_states")
+
+    def finish(self, plan) -> None:
+        ignored = plan.ignored
+        if ignored is not None and ignored.states and plan.has_children and not _displays_or_names(ignored.roots):
+            raise Unconvertible(
+                "ignored_states is read twice by the converted code (its parameters, and its modules to skip when "
+                "auto-wrapping): assign it to a variable first",
+                plan.arguments["ignored_states"].arg,
+            )
+
+    def modules(self, ignored: Ignored, anchor) -> cst.BaseExpression:
+        """Every module FSDP1 ignored: the given modules and everything under them."""
+        if ignored.states:
+            module = self.analysis.names.ref(anchor, "torch.nn.Module")
+            return expression(f"{{sub for s in ROOTS if isinstance(s, {module}) for sub in s.modules()}}", ROOTS=ignored.roots)
+        return expression("{sub for m in ROOTS for sub in m.modules()}", ROOTS=ignored.roots)
+
+    def params(self, ignored: Ignored, anchor, modules: cst.BaseExpression | None = None) -> cst.BaseExpression:
+        """The parameters FSDP1 ignored; from `modules` (the expanded set) when it is at hand."""
+        if modules is not None and not ignored.states:
+            return expression("{p for m in MODULES for p in m.parameters(recurse=False)}", MODULES=modules)
+        if ignored.states and self._parameters(ignored.roots):
+            return expression("set(ROOTS)", ROOTS=ignored.roots)
+        if ignored.states:
+            module = self.analysis.names.ref(anchor, "torch.nn.Module")
+            return expression(
+                f"{{p for s in ROOTS for p in (s.parameters() if isinstance(s, {module}) else [s])}}", ROOTS=ignored.roots
+            )
+        return expression("{p for m in ROOTS for p in m.parameters()}", ROOTS=ignored.roots)
+
+
+    def _parameters(self, node) -> bool:
+        """`node` visibly holds parameters: `x.parameters()`, or list/tuple/set of it."""
+        if isinstance(node, cst.Call) and self.ctx.matches(node.func, "builtins.list", "builtins.tuple", "builtins.set"):
+            node = node.args[0].value if len(node.args) == 1 else None
+        return (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "parameters"
+            and not node.args
+        )
+
+
+def _displays_or_names(node) -> bool:
+    if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
+        return all(is_reevaluable(element.value) for element in node.elements)
+    return is_reevaluable(node)

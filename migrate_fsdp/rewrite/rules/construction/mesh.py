@@ -1,0 +1,123 @@
+"""MF106: `process_group` / `device_mesh` -> fully_shard's `mesh`, shaped by the sharding strategy.
+
+fully_shard takes one DeviceMesh: 1-D to shard over it, 2-D to replicate over
+dim 0 and shard over dim 1 (HSDP), which is also how FSDP1 reads a 2-D
+`device_mesh` (`_init_process_group_state_for_hybrid_shard`). A process group
+becomes `DeviceMesh.from_group`. Without either, FSDP1 shards over the
+default group, and for HYBRID_SHARD builds intra-node shard groups and
+inter-node replicate groups (`_init_intra_and_inter_node_groups`): the same
+as a `(world // devices_per_node, devices_per_node)` mesh. NO_SHARD is a
+`(world, 1)` mesh.
+
+The mesh's device type must be where FSDP1 put the module: `device_id`'s type
+when given (a CPU/gloo run stays on CPU), else the current accelerator, which
+is also what FSDP2's default mesh uses, so then no mesh is written at all.
+"""
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.rules.construction.codegen import call, expression
+from migrate_fsdp.rewrite.rules.construction.devices import device_type
+from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
+from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID
+
+SHARDING_HELPER = "_fsdp1_sharding"
+SHARDING_HELPER_SOURCE = '''
+def _fsdp1_sharding(strategy, device_type=None, mesh=None):
+    """fully_shard's mesh and reshard_after_forward for FSDP1's sharding_strategy (a member or its name).
+
+    As FSDP1 did: FULL_SHARD keeps FSDP2's defaults, SHARD_GRAD_OP keeps the
+    parameters unsharded after forward, HYBRID_SHARD / _HYBRID_SHARD_ZERO2
+    shard within a node and replicate across nodes, NO_SHARD replicates.
+    """
+    import torch
+    from torch.distributed import get_world_size
+    from torch.distributed.device_mesh import init_device_mesh
+
+    name = "FULL_SHARD" if strategy is None else getattr(strategy, "name", strategy)
+    if name not in ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "NO_SHARD"):
+        raise ValueError(f"unknown FSDP1 sharding strategy {strategy!r}")
+    device_type = device_type or torch.accelerator.current_accelerator().type
+    world_size = get_world_size()
+    if name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2") and mesh is None:
+        per_node = torch.accelerator.device_count()
+        mesh = init_device_mesh(device_type, (world_size // per_node, per_node), mesh_dim_names=("replicate", "shard"))
+    elif name == "NO_SHARD":
+        if mesh is not None:
+            raise NotImplementedError("NO_SHARD over a given device mesh: pass fully_shard a 2-D (replicate, 1) mesh")
+        mesh = init_device_mesh(device_type, (world_size, 1), mesh_dim_names=("replicate", "shard"))
+    kwargs = {} if mesh is None else {"mesh": mesh}
+    if name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
+        kwargs["reshard_after_forward"] = False
+    return kwargs
+'''
+
+
+class MeshRule(KeywordRule):
+    code = "MF106"
+    name = "mesh"
+    summary = "process_group / device_mesh (and the strategy's shape) -> fully_shard(mesh=...)"
+    keywords = ("process_group", "device_mesh")
+
+    def apply(self, argument, plan) -> None:
+        if self.analysis.is_none(argument.value):
+            return
+        if argument.name == "process_group":
+            plan.process_group = argument.value
+        else:
+            plan.device_mesh = argument.value
+
+    def finish(self, plan) -> None:
+        group, user_mesh = plan.process_group, plan.device_mesh
+        if group is not None and user_mesh is not None:
+            raise Unconvertible("FSDP1 rejects process_group and device_mesh together; keep one", group)
+        strategy = plan.strategy
+        if strategy.runtime is not None:
+            if group is not None:
+                raise Unconvertible(
+                    "process_group with a sharding_strategy known only at run time: build the DeviceMesh yourself "
+                    "(DeviceMesh.from_group) and pass it as device_mesh",
+                    group,
+                )
+            helper = self.ctx.add_helper(SHARDING_HELPER, SHARDING_HELPER_SOURCE)
+            args = [strategy.runtime]
+            if plan.device is not None or user_mesh is not None:
+                args.append(device_type(self.analysis, plan) if plan.device is not None else cst.Name("None"))
+            if user_mesh is not None:
+                args.append(user_mesh)
+            plan.sharding = call(helper, *args)
+            return
+        if strategy.name in HYBRID:
+            if group is not None:
+                raise Unconvertible(
+                    "HYBRID_SHARD with a process_group (intra-node, inter-node) pair has no exact DeviceMesh form here: "
+                    "build a 2-D DeviceMesh (replicate, shard) over the same ranks and pass it as device_mesh",
+                    group,
+                )
+            plan.mesh = user_mesh or self._init_mesh(plan, "(WORLD // PER_NODE, PER_NODE)", named=True)
+        elif strategy.name == "NO_SHARD":
+            if group is not None or user_mesh is not None:
+                raise Unconvertible(
+                    "NO_SHARD over a given process group or device mesh: fully_shard needs a 2-D (replicate, 1) mesh "
+                    "over those ranks; build it and pass it as device_mesh with HYBRID_SHARD semantics",
+                    group or user_mesh,
+                )
+            plan.mesh = self._init_mesh(plan, "(WORLD, 1)", named=True)
+        elif user_mesh is not None:
+            plan.mesh = user_mesh
+        elif group is not None:
+            device_mesh = self.ctx.require_import("torch.distributed.device_mesh", "DeviceMesh")
+            plan.mesh = expression(f"{device_mesh}.from_group(GROUP, DEVICE)", GROUP=group, DEVICE=device_type(self.analysis, plan))
+        elif plan.device is not None:
+            plan.mesh = self._init_mesh(plan, "(WORLD,)", named=False)
+
+    def _init_mesh(self, plan, shape: str, named: bool) -> cst.BaseExpression:
+        anchor = plan.site.node
+        init = self.ctx.require_import("torch.distributed.device_mesh", "init_device_mesh")
+        names = ', mesh_dim_names=("replicate", "shard")' if named else ""
+        return expression(
+            f"{init}(DEVICE, {shape}{names})",
+            DEVICE=device_type(self.analysis, plan),
+            WORLD=f"{self.analysis.names.ref(anchor, 'torch.distributed.get_world_size')}()",
+            PER_NODE=f"{self.analysis.names.ref(anchor, 'torch.accelerator.device_count')}()",
+        )

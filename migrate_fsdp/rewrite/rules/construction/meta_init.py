@@ -1,0 +1,135 @@
+"""MF110: `sync_module_states=True` (+ a materialising `param_init_fn`) -> the FSDP2 meta-device flow.
+
+The FSDP1 pattern: rank 0 builds the real model, the other ranks build it on
+the meta device; `param_init_fn` materialises (`to_empty`) what is on meta,
+and `sync_module_states=True` broadcasts rank 0's parameters and buffers
+before sharding. FSDP2's flow (migration guide and tutorial, seeds/002):
+`fully_shard` on meta, `to_empty`, then load rank 0's full state dict with
+`set_model_state_dict(..., options=StateDictOptions(full_state_dict=True,
+broadcast_from_rank0=True))`. The rewrite takes rank 0's state dict before
+sharding, materialises the other ranks, loads it, and broadcasts the buffers
+too (FSDP1 synced non-persistent buffers, which state dicts leave out).
+
+Anything else is reported: a `param_init_fn` that initialises weights
+(FSDP1 ran it on whole modules before sharding, FSDP2 would run it on
+shards: other values), or a module built on meta with no sync (FSDP1
+materialised it with `reset_parameters()` behind the scenes).
+"""
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.rules.construction.codegen import statements
+from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
+
+_FLOW = (
+    "with FSDP2: fully_shard on the meta device, then model.to_empty(device=...), then load weights "
+    "(set_model_state_dict with StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)) or initialise them"
+)
+
+
+@dataclass
+class ParamInit:
+    """A param_init_fn that only materialises meta tensors: `m.to_empty(device=DEVICE, recurse=False)`."""
+
+    device: cst.BaseExpression
+
+
+class MetaInitRule(KeywordRule):
+    code = "MF110"
+    name = "meta-init"
+    summary = "sync_module_states + param_init_fn (meta-device init) -> fully_shard on meta, to_empty, broadcast from rank 0"
+    keywords = ("sync_module_states", "param_init_fn")
+
+    def apply(self, argument, plan) -> None:
+        value, _ = self.analysis.follow(argument.value, plan)
+        if argument.name == "sync_module_states":
+            sync = self.analysis.literal_bool(value)
+            if sync is None:
+                raise Unconvertible(f"sync_module_states={self.ctx.code(argument.value)} must be True or False to be converted")
+            plan.sync_module_states = sync
+        elif not self.analysis.is_none(value):
+            plan.param_init = self._materialiser(value) or argument
+
+    def finish(self, plan) -> None:
+        init = plan.param_init
+        if init is not None and not isinstance(init, ParamInit):
+            raise Unconvertible(
+                f"param_init_fn={self.ctx.code(init.value)} initialises weights: FSDP1 ran it on whole modules before "
+                f"sharding, FSDP2 runs initialisation on shards (other values); {_FLOW}",
+                init.arg,
+            )
+        if init is not None and not plan.sync_module_states:
+            raise Unconvertible(
+                f"param_init_fn without sync_module_states leaves the weights uninitialised on meta ranks; {_FLOW}",
+                plan.arguments["param_init_fn"].arg,
+            )
+        if not plan.sync_module_states:
+            if plan.module is not None and self.analysis.built_on_meta(plan.module):
+                raise Unconvertible(
+                    "the module is built on the meta device: FSDP1 materialised it with reset_parameters(); " + _FLOW,
+                    plan.arguments["module"].arg,
+                )
+            return
+        arg = plan.arguments["sync_module_states"].arg
+        if plan.process_group is not None or plan.device_mesh is not None or plan.ignored is not None:
+            raise Unconvertible(
+                "sync_module_states with a process group, device mesh or ignored modules: broadcast rank 0's "
+                f"weights over that group yourself; {_FLOW}",
+                arg,
+            )
+
+    def _materialiser(self, value) -> ParamInit | None:
+        """`lambda m: m.to_empty(device=D, ...)` (or a def doing only that), possibly `... if cond else None`."""
+        if isinstance(value, cst.IfExp):
+            if self.analysis.is_none(value.orelse):
+                return self._materialiser(value.body)
+            if self.analysis.is_none(value.body):
+                return self._materialiser(value.orelse)
+            return None
+        if isinstance(value, cst.Lambda):
+            params, body = value.params, value.body
+        else:
+            function = self.analysis.function(value)
+            if function is None or len(function.body.body) != 1:
+                return None
+            statement = function.body.body[0]
+            if not (isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr)):
+                return None
+            params, body = function.params, statement.body[0].value
+        if len(params.params) != 1 or not isinstance(body, cst.Call):
+            return None
+        func = body.func
+        receiver = params.params[0].name.value
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "to_empty" and isinstance(func.value, cst.Name)):
+            return None
+        if func.value.value != receiver:
+            return None
+        device = next((a.value for a in body.args if a.keyword and a.keyword.value == "device"), None)
+        return None if device is None else ParamInit(device)
+
+    def before(self, plan, module, full_state_dict: str) -> list[cst.BaseStatement]:
+        rank = self.analysis.names.ref(plan.site.node, "torch.distributed.get_rank")
+        return statements(f"{full_state_dict} = MODULE.state_dict() if {rank}() == 0 else {{}}", MODULE=module)
+
+    def after(self, plan, module, full_state_dict: str, buffer: str) -> list[cst.BaseStatement]:
+        names = self.analysis.names
+        anchor = plan.site.node
+        rank = names.ref(anchor, "torch.distributed.get_rank")
+        broadcast = names.ref(anchor, "torch.distributed.broadcast")
+        load = self.ctx.require_import("torch.distributed.checkpoint.state_dict", "set_model_state_dict")
+        options = self.ctx.require_import("torch.distributed.checkpoint.state_dict", "StateDictOptions")
+        result = []
+        if plan.param_init is not None:
+            device = plan.device if plan.device is not None else plan.param_init.device
+            result += statements(f"if {rank}() != 0:\n    MODULE.to_empty(device=DEVICE)", MODULE=module, DEVICE=device)
+        result += statements(
+            f"""
+            {load}(MODULE, {full_state_dict}, options={options}(full_state_dict=True, broadcast_from_rank0=True))
+            for {buffer} in MODULE.buffers():
+                {broadcast}({buffer}, src=0)
+            """,
+            MODULE=module,
+        )
+        return result

@@ -1,0 +1,144 @@
+"""MF104: `mixed_precision=MixedPrecision(...)` -> `mp_policy=MixedPrecisionPolicy(...)`.
+
+Field by field (FSDP1 `MixedPrecision` and FSDP2 `MixedPrecisionPolicy`
+docstrings, migration guide in seeds/002):
+
+- param_dtype, reduce_dtype: the same meaning, and both default reduce_dtype
+  to param_dtype.
+- cast_root_forward_inputs / cast_forward_inputs: FSDP1's root casts its
+  inputs when either is set, other FSDP modules only with
+  cast_forward_inputs (default False); FSDP2 has one per-module flag. The
+  root gets `cast_root or cast`, auto-wrapped children get `cast`, so where
+  the root and the children are known (an auto_wrap_policy) the cast happens
+  where it did. A lone FSDP(...) call is converted as a root.
+- buffer_dtype: FSDP2 does not cast buffers, FSDP1 cast them to buffer_dtype
+  at the first forward (except in modules that run in full precision, below)
+  and kept them so: the rewrite casts them right after sharding. Still lossy:
+  FSDP1 saved those buffers in their original dtype in full state dicts.
+- _module_classes_to_ignore (default `_BatchNorm`): with an auto_wrap_policy
+  FSDP1 also wrapped every such module on its own, in full precision, casting
+  its inputs to float32 and its outputs back (`_wrap_utils._auto_wrap`,
+  `_override_module_mixed_precision`); the rewrite shards them separately with
+  a float32 policy whose output_dtype is param_dtype.
+- keep_low_precision_grads=True has no FSDP2 form (FSDP2 keeps gradients in the
+  parameters' dtype): reported.
+"""
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.rules.construction.codegen import call
+from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
+
+MIXED_PRECISION = "torch.distributed.fsdp.MixedPrecision"
+POLICY = ("torch.distributed.fsdp", "MixedPrecisionPolicy")
+FIELDS = (
+    "param_dtype",
+    "reduce_dtype",
+    "buffer_dtype",
+    "keep_low_precision_grads",
+    "cast_forward_inputs",
+    "cast_root_forward_inputs",
+    "_module_classes_to_ignore",
+)
+BATCH_NORM = "torch.nn.modules.batchnorm._BatchNorm"
+
+
+@dataclass
+class Settings:
+    values: dict[str, cst.BaseExpression] = field(default_factory=dict)
+    cast: bool = False  # cast_forward_inputs
+    cast_root: bool = True  # cast_root_forward_inputs
+
+    def dtype(self, name: str) -> cst.BaseExpression | None:
+        value = self.values.get(name)
+        return None if value is None or (isinstance(value, cst.Name) and value.value == "None") else value
+
+
+class MixedPrecisionRule(KeywordRule):
+    code = "MF104"
+    name = "mixed-precision"
+    summary = "mixed_precision=MixedPrecision(...) -> mp_policy=MixedPrecisionPolicy(...)"
+    keywords = ("mixed_precision",)
+    leftovers = {
+        MIXED_PRECISION: (
+            "MixedPrecision is FSDP1's; FSDP2 takes fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=..., "
+            "reduce_dtype=...)), see docs/rules/MF104.md"
+        )
+    }
+
+    def apply(self, argument, plan) -> None:
+        value, _ = self.analysis.follow(argument.value, plan)
+        if self.analysis.is_none(value):
+            return
+        if not (isinstance(value, cst.Call) and self.ctx.matches(value.func, MIXED_PRECISION)):
+            shown = self.ctx.code(argument.value)
+            if self.ctx.qualified_names(value) and all(q.startswith("torch.") for q in self.ctx.qualified_names(value)):
+                raise Unconvertible(
+                    f"mixed_precision={shown} is not a MixedPrecision (FSDP1 fails on it); write "
+                    f"MixedPrecision(param_dtype={shown}), i.e. FSDP2's mp_policy=MixedPrecisionPolicy(param_dtype={shown})"
+                )
+            why = "is also used outside FSDP(...) calls" if self.analysis.shared_name(value) else "is known only at run time"
+            raise Unconvertible(
+                f"mixed_precision={shown} {why}; pass fully_shard "
+                "mp_policy=MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...) with the same dtypes"
+            )
+        plan.mixed_precision = self._settings(value)
+
+    def _settings(self, call_node: cst.Call) -> Settings:
+        settings = Settings()
+        for index, arg in enumerate(call_node.args):
+            if arg.star or (arg.keyword is None and index >= len(FIELDS)):
+                raise Unconvertible("MixedPrecision(...) arguments cannot be read statically; spell them out as keywords")
+            settings.values[arg.keyword.value if arg.keyword else FIELDS[index]] = arg.value
+        for flag, default in (("keep_low_precision_grads", False), ("cast_forward_inputs", False), ("cast_root_forward_inputs", True)):
+            value = settings.values.get(flag)
+            literal = default if value is None else self.analysis.literal_bool(value)
+            if literal is None:
+                raise Unconvertible(f"MixedPrecision({flag}={self.ctx.code(value)}) must be True or False to be converted")
+            if flag == "keep_low_precision_grads" and literal:
+                raise Unconvertible(
+                    "MixedPrecision(keep_low_precision_grads=True) has no FSDP2 form (FSDP2 keeps gradients in the "
+                    "parameters' dtype); drop it to convert, gradients are then upcast as with the default"
+                )
+            if flag == "cast_forward_inputs":
+                settings.cast = literal
+            elif flag == "cast_root_forward_inputs":
+                settings.cast_root = literal
+        return settings
+
+    # ----- building the FSDP2 policies ----------------------------------------------------
+
+    def policy(self, settings: Settings, root: bool) -> cst.Call:
+        """The MixedPrecisionPolicy of the root (`root`) or of an auto-wrapped child."""
+        kwargs = {name: settings.dtype(name) for name in ("param_dtype", "reduce_dtype") if settings.dtype(name) is not None}
+        if "param_dtype" in kwargs:
+            cast = (settings.cast_root or settings.cast) if root else settings.cast
+            if not cast:
+                kwargs["cast_forward_inputs"] = cst.Name("False")
+        return call(self.ctx.require_import(*POLICY), **kwargs)
+
+    def full_precision_policy(self, settings: Settings, anchor) -> cst.Call:
+        """For the modules FSDP1 kept in full precision: float32 compute, outputs cast back to param_dtype."""
+        param_dtype = settings.dtype("param_dtype")
+        if param_dtype is None:
+            return call(self.ctx.require_import(*POLICY))
+        float32 = self.analysis.names.ref(anchor, "torch.float32")
+        return call(self.ctx.require_import(*POLICY), param_dtype=float32, output_dtype=param_dtype)
+
+    def full_precision_classes(self, settings: Settings, anchor) -> cst.BaseExpression | None:
+        """The classes FSDP1 wrapped separately in full precision; None when there are none."""
+        given = settings.values.get("_module_classes_to_ignore")
+        if given is None:
+            return cst.parse_expression(self.analysis.names.ref(anchor, BATCH_NORM))
+        if isinstance(given, (cst.Tuple, cst.List)) and not given.elements:
+            return None
+        return call("tuple", given)
+
+    def buffer_dtype(self, settings: Settings) -> cst.BaseExpression | None:
+        """The dtype buffers must be cast to, unless it is a no-op (None, float32)."""
+        dtype = settings.dtype("buffer_dtype")
+        if dtype is None or self.ctx.matches(dtype, "torch.float32", "torch.float"):
+            return None
+        return dtype

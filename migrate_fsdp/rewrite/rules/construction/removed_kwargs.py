@@ -1,0 +1,69 @@
+"""MF108: FSDP1 arguments that fully_shard does not need: `device_id`, `limit_all_gathers`,
+`use_orig_params`, `backward_prefetch=BACKWARD_PRE`.
+
+Migration guide (seeds/002): device_id is inferred from the mesh's device;
+limit_all_gathers is no longer needed (FSDP2 has no CPU synchronisation to
+rate-limit); original parameters are always used; backward prefetching
+always works like BACKWARD_PRE. `device_id` still says where the module
+lives: the mesh takes its device type and, when needed, the rewrite makes it
+the current device (devices.py). BACKWARD_POST, or turning backward
+prefetching off, have no FSDP2 form and are reported.
+"""
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.rules.construction.devices import set_current_device
+from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
+
+BACKWARD_PREFETCH = "torch.distributed.fsdp.BackwardPrefetch"
+
+
+class RemovedKwargs(KeywordRule):
+    code = "MF108"
+    name = "removed-kwargs"
+    summary = "device_id, limit_all_gathers, use_orig_params, backward_prefetch=BACKWARD_PRE: not needed by FSDP2"
+    keywords = ("device_id", "limit_all_gathers", "use_orig_params", "backward_prefetch")
+    leftovers = {
+        BACKWARD_PREFETCH: (
+            "BackwardPrefetch is FSDP1's; FSDP2 always prefetches in backward like BACKWARD_PRE (drop it) and offers "
+            "FSDPModule.set_modules_to_backward_prefetch for explicit control"
+        )
+    }
+
+    def apply(self, argument, plan) -> None:
+        if argument.name == "device_id":
+            if not self.analysis.is_none(argument.value):
+                plan.device = argument.value
+        elif argument.name == "backward_prefetch":
+            self._backward_prefetch(argument, plan)
+
+    def _backward_prefetch(self, argument, plan) -> None:
+        value, _ = self.analysis.follow(argument.value, plan)
+        if self.ctx.matches(value, f"{BACKWARD_PREFETCH}.BACKWARD_PRE"):
+            return
+        if self.analysis.is_none(value):
+            raise Unconvertible(
+                "backward_prefetch=None turns backward prefetching off, which FSDP2 cannot do (it always prefetches "
+                "like BACKWARD_PRE); drop the argument to accept prefetching"
+            )
+        if self.ctx.matches(value, f"{BACKWARD_PREFETCH}.BACKWARD_POST"):
+            raise Unconvertible(
+                "backward_prefetch=BACKWARD_POST has no FSDP2 form (FSDP2 prefetches like BACKWARD_PRE); drop it, or "
+                "order prefetches yourself with FSDPModule.set_modules_to_backward_prefetch"
+            )
+        raise Unconvertible(
+            f"backward_prefetch={self.ctx.code(argument.value)} is known only at run time; FSDP2 always prefetches like "
+            "BACKWARD_PRE: drop the argument if that is what it holds"
+        )
+
+    def finish(self, plan) -> None:
+        if plan.device is None:
+            return
+        setting = set_current_device(self.analysis, plan)
+        if setting and not (plan.site.can_insert and not plan.site.in_lambda):
+            raise Unconvertible(
+                "device_id: fully_shard puts the module on the current device, so the device must be made current "
+                "first (torch.accelerator.set_device_index), which cannot be inserted here; move the call to its own line",
+                plan.arguments["device_id"].arg,
+            )
+        plan.before.extend(setting)

@@ -1,0 +1,111 @@
+"""MF103: `sharding_strategy` -> fully_shard's `reshard_after_forward` and the mesh's shape.
+
+FSDP2 says with a mesh and one flag what FSDP1 said with a strategy (migration
+guide, seeds/002; `fully_shard` docstring):
+
+- FULL_SHARD: FSDP2's default. `reshard_after_forward=None` reshards every
+  module after forward except the root, which is exactly what FSDP1 does
+  (`_post_forward_reshard` never frees the root's parameters).
+- SHARD_GRAD_OP: `reshard_after_forward=False`.
+- HYBRID_SHARD / _HYBRID_SHARD_ZERO2: a 2-D (replicate, shard) mesh, the
+  latter with `reshard_after_forward=False` (the mesh is MF106's).
+- NO_SHARD: a `(world, 1)` mesh: replicate over every rank, shard over one.
+
+A strategy known only at run time (a config field, `ShardingStrategy[name]`,
+a parameter) is mapped at run time from the member's name, which also
+accepts the name itself, so no FSDP1 name stays in the output.
+"""
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.rules.construction.codegen import string
+from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Strategy, Unconvertible
+
+SHARDING_STRATEGY = "torch.distributed.fsdp.ShardingStrategy"
+MEMBERS = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "NO_SHARD")
+HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+NO_RESHARD = ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
+
+
+class ShardingStrategyRule(KeywordRule):
+    code = "MF103"
+    name = "sharding-strategy"
+    summary = "sharding_strategy -> reshard_after_forward and the mesh shape"
+    keywords = ("sharding_strategy",)
+    leftovers = {
+        SHARDING_STRATEGY: (
+            "ShardingStrategy is FSDP1's; FSDP2 expresses it as fully_shard(reshard_after_forward=...) and the mesh "
+            "(FULL_SHARD: defaults, SHARD_GRAD_OP: reshard_after_forward=False, HYBRID_SHARD: 2-D mesh, "
+            "NO_SHARD: (world, 1) mesh); see docs/rules/MF103.md"
+        )
+    }
+
+    def apply(self, argument, plan) -> None:
+        value, definition = self.analysis.follow(argument.value, plan)
+        if isinstance(value, cst.Name) and value.value == "None":
+            return
+        member = self.member(value)
+        if member is not None:
+            plan.strategy = Strategy(member)
+            if member in NO_RESHARD:
+                plan.kwargs["reshard_after_forward"] = (cst.Name("False"), argument.arg)
+            return
+        if definition is not None and not self._uses(value):
+            # A name for something computed elsewhere: read it at run time, where it is.
+            self.analysis.unfollow(definition, plan)
+            value = argument.value
+        runtime = self._as_names(value)
+        if runtime is None:
+            raise Unconvertible(
+                f"sharding_strategy={self.ctx.code(argument.value)} cannot be mapped to FSDP2 (it uses other FSDP1 "
+                "names); pass a ShardingStrategy member, its name, or a variable holding one"
+            )
+        plan.strategy = Strategy(None, runtime)
+
+    def member(self, node) -> str | None:
+        """"FULL_SHARD" for `ShardingStrategy.FULL_SHARD`, however spelt; None otherwise."""
+        for name in self.ctx.qualified_names(node):
+            head, _, member = name.rpartition(".")
+            if head == SHARDING_STRATEGY and member in MEMBERS:
+                return member
+        return None
+
+    def _uses(self, node) -> list:
+        """The ShardingStrategy references in `node`: `ShardingStrategy.X`, and `ShardingStrategy` in `[...]`."""
+        rule = self
+        found = []
+
+        class _Find(cst.CSTVisitor):
+            def visit_Attribute(self, original) -> bool:
+                if rule.member(original) is None:
+                    return True
+                found.append(original)
+                return False
+
+            def visit_Subscript(self, original) -> None:
+                if rule.ctx.matches(original.value, SHARDING_STRATEGY):
+                    found.append(original.value)
+
+        node.visit(_Find())
+        return found
+
+    def _as_names(self, node):
+        """`node` with ShardingStrategy.X -> "X" and ShardingStrategy[e] -> e; None if other FSDP1 names stay."""
+        allowed = {id(use) for use in self._uses(node)}
+        if any(id(ref) not in allowed for ref in self.analysis.fsdp1_references(node)):
+            return None
+        rule = self
+
+        class _Replace(cst.CSTTransformer):
+            def leave_Attribute(self, original, updated):
+                member = rule.member(original)
+                return updated if member is None else string(member)
+
+            def leave_Subscript(self, original, updated):
+                if rule.ctx.matches(original.value, SHARDING_STRATEGY) and len(updated.slice) == 1:
+                    index = updated.slice[0].slice
+                    if isinstance(index, cst.Index):
+                        return index.value
+                return updated
+
+        return node.visit(_Replace())

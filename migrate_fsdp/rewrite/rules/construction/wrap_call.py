@@ -1,0 +1,405 @@
+"""MF101: `FSDP(module, ...)` -> `fully_shard(module, ...)`, plus what its keywords need.
+
+fully_shard applies FSDP in place and returns the module it is given
+(`fully_shard` docstring), so `x = FSDP(m, ...)` becomes
+`x = fully_shard(m, ...)` and `m = FSDP(m, ...)` simply `fully_shard(m, ...)`
+(migration guide, seeds/002). This rule finds the constructor however it is
+reached and spelt (positional or keyword arguments, `module=`, `**kwargs`
+from a dict in the same scope, `functools.partial(FSDP, ...)`, manual
+nesting), binds its arguments, lets one rule per keyword (MF102-MF110) say
+what each means in FSDP2, and writes the result, or leaves the call and says
+why. It also gives FSDP1 construction names found outside a converted call
+(a `MixedPrecision` kept for another use, say) their keyword rule's advice.
+"""
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.rule import Rule
+from migrate_fsdp.rewrite.rules.construction.analysis import Analysis
+from migrate_fsdp.rewrite.rules.construction.arguments import Unbindable, bind
+from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import AutoWrapPolicyRule
+from migrate_fsdp.rewrite.rules.construction.codegen import is_reevaluable, statements
+from migrate_fsdp.rewrite.rules.construction.cpu_offload import CpuOffloadRule
+from migrate_fsdp.rewrite.rules.construction.emit import Emitter, needs_after, needs_module_again
+from migrate_fsdp.rewrite.rules.construction.forward_prefetch import ForwardPrefetchRule
+from migrate_fsdp.rewrite.rules.construction.ignored_modules import IgnoredModulesRule
+from migrate_fsdp.rewrite.rules.construction.manual_wrap import ManualWrapRule
+from migrate_fsdp.rewrite.rules.construction.mesh import MeshRule
+from migrate_fsdp.rewrite.rules.construction.meta_init import MetaInitRule
+from migrate_fsdp.rewrite.rules.construction.mixed_precision import MixedPrecisionRule
+from migrate_fsdp.rewrite.rules.construction.plan import CallSite, Plan, Problem, Unconvertible
+from migrate_fsdp.rewrite.rules.construction.removed_kwargs import RemovedKwargs
+from migrate_fsdp.rewrite.rules.construction.sharding_strategy import ShardingStrategyRule
+from migrate_fsdp.rewrite.syntax import chain_root, dotted
+
+FSDP_CLASS = "torch.distributed.fsdp.FullyShardedDataParallel"
+PARTIAL = "functools.partial"
+
+# In the order their `finish` runs: the mesh needs the strategy and the device.
+KEYWORD_RULES = [
+    AutoWrapPolicyRule,
+    ShardingStrategyRule,
+    MixedPrecisionRule,
+    CpuOffloadRule,
+    IgnoredModulesRule,
+    RemovedKwargs,
+    MeshRule,
+    ForwardPrefetchRule,
+    MetaInitRule,
+    ManualWrapRule,
+]
+
+_LEFT_AS_IS = "FSDP(...) left as is: "
+
+
+class WrapCall(Rule):
+    code = "MF101"
+    name = "wrap-call"
+    summary = "FSDP(module, ...) -> fully_shard(module, ...), in all its forms"
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.analysis = Analysis(ctx)
+        self.rules = {cls.code: cls(ctx, self.analysis) for cls in KEYWORD_RULES if ctx.selected(cls.code)}
+        self._by_keyword = {kw: rule for rule in self.rules.values() for kw in rule.keywords}
+        self._owner = {kw: cls.code for cls in KEYWORD_RULES for kw in cls.keywords}
+        self._leftovers = {name: (rule.code, text) for rule in self.rules.values() for name, text in rule.leftovers.items()}
+        self._sites: list[CallSite] = []
+        self._plans: dict[int, Plan] = {}
+        self._kwargs_uses: set[int] = set()
+        self._removed: set[int] = set()  # definition statements that go
+        self._dropped: dict[int, cst.CSTNode] = {}  # updated statements to take out of their block (kept alive: ids)
+        self._assignments_dropped: set[int] = set()  # statements `m = FSDP(m)` that become `fully_shard(m)`
+        self._roots: set[str] = set()  # local names an FSDP1 reference can start with
+        self._setup_at: dict[int, list] = {}  # statement id -> setup statements shared by the calls after it
+
+    # ----- read-only pass -------------------------------------------------------------------
+
+    def collect_Assign(self, node) -> None:
+        self.analysis.note_assign(node)
+
+    def collect_SimpleStatementLine(self, node) -> None:
+        self.analysis.note_statement(node)
+
+    def collect_If(self, node) -> None:
+        self.analysis.note_statement(node)
+
+    def collect_Import(self, node) -> None:
+        for alias in node.names:
+            if dotted(alias.name).startswith("torch"):
+                self._roots.add(chain_root(alias.asname.name if alias.asname else alias.name))
+
+    def collect_ImportFrom(self, node) -> None:
+        if node.relative or isinstance(node.names, cst.ImportStar) or not dotted(node.module).startswith("torch.distributed"):
+            return
+        for alias in node.names:
+            self._roots.add(dotted(alias.asname.name if alias.asname else alias.name))
+
+    def collect_Call(self, node) -> None:
+        self.analysis.note_call(node)
+        if self.ctx.matches(node.func, FSDP_CLASS):
+            self._sites.append(self._site(node, is_partial=False))
+        elif node.args and self.ctx.matches(node.func, PARTIAL) and self.ctx.matches(node.args[0].value, FSDP_CLASS):
+            self._sites.append(self._site(node, is_partial=True))
+        else:
+            return
+        for arg in node.args:
+            if arg.star == "**":
+                self._kwargs_uses.add(id(arg.value))
+
+    def _site(self, node: cst.Call, is_partial: bool) -> CallSite:
+        stack = self.ctx.stack
+        statement = self.ctx.statement()
+        inner = stack[stack.index(statement) + 1 :]
+        small = inner[0] if inner else None
+        role = "nested"
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and small.value is node:
+            role = "assign"
+        elif isinstance(small, cst.AnnAssign) and small.value is node:
+            role = "assign"
+        elif isinstance(small, (cst.Return, cst.Expr)) and small.value is node:
+            role = "return" if isinstance(small, cst.Return) else "expr"
+        return CallSite(
+            node=node,
+            statement=statement,
+            role=role,
+            can_insert=self.ctx.can_insert_statements(),
+            in_lambda=any(isinstance(n, cst.Lambda) for n in inner),
+            is_partial=is_partial,
+        )
+
+    # ----- judging every call, before any rewriting -------------------------------------------
+
+    def visit_Module(self, node) -> None:
+        for site in self._sites:
+            self.analysis.fsdp1_arguments.update(_subtree_ids(site.node))
+            for arg in site.node.args:
+                definition = self.analysis.definitions.of(arg.value) if arg.star == "**" else None
+                if definition is not None:
+                    self.analysis.fsdp1_arguments.update(_subtree_ids(definition.value))
+        for site in self._sites:
+            self._plans[id(site.node)] = self._plan(site)
+        self._find_removed_definitions()
+        self._share_setup_at_kwargs_dicts()
+
+    def _plan(self, site: CallSite) -> Plan:
+        try:
+            arguments = bind(site.node, self.analysis.definitions, self._is_kwargs_use, skip=1 if site.is_partial else 0)
+        except Unbindable as error:
+            plan = Plan(site, {})
+            plan.problems.append(Problem(error.node, self.code, f"{_LEFT_AS_IS}{error.message}; pass the arguments as keywords"))
+            return plan
+        plan = Plan(site, arguments)
+        module = arguments.get("module")
+        if site.is_partial and module is not None:
+            self._problem(plan, module.arg, self.code, "functools.partial(FSDP, module) binds the module; call fully_shard on it directly")
+        elif not site.is_partial and (module is None or module.kwargs is not None):
+            self._problem(plan, site.node, self.code, "the module to wrap must be passed directly (not through **kwargs)")
+        elif module is not None:
+            plan.module = module.value
+        for name, argument in arguments.items():
+            if name == "module":
+                continue
+            rule = self._by_keyword.get(name)
+            if rule is None:
+                self._problem(plan, argument.arg, self.code, f"`{name}` is converted by {self._owner[name]}, which is not selected")
+                continue
+            try:
+                rule.apply(argument, plan)
+            except Unconvertible as error:
+                self._problem(plan, error.node or argument.arg, rule.code, error.message)
+        if plan.problems:
+            return plan
+        for rule in self.rules.values():
+            try:
+                rule.finish(plan)
+            except Unconvertible as error:
+                self._problem(plan, error.node or site.node, rule.code, error.message)
+        if not plan.problems:
+            self._check_placement(plan)
+        return plan
+
+    def _check_placement(self, plan: Plan) -> None:
+        """The converted code must fit where the call stands."""
+        site = plan.site
+        after = needs_after(plan, self.rules)
+        code = "MF102" if plan.has_children and "MF102" in self.rules else self.code
+        if site.is_partial:
+            if plan.has_children or after:
+                what = "auto_wrap_policy" if plan.has_children else after[0]
+                self._problem(
+                    plan, site.node, code,
+                    f"functools.partial(FSDP, {what}=...) needs statements around each call; call FSDP (or fully_shard "
+                    "with explicit loops) where the module is wrapped",
+                )
+            return
+        needs_statements = bool(plan.before) or plan.has_children or bool(after) or plan.sharding is not None and plan.has_children
+        if needs_statements and not (site.can_insert and not site.in_lambda):
+            self._problem(
+                plan, site.node, code,
+                "the FSDP2 form needs statements around this call (mesh, loops over submodules, or setup), which "
+                "cannot go here (one-line suite, lambda or clause); put the call on a line of its own",
+            )
+        elif after and site.role not in ("assign", "expr") and not (site.role == "return" and is_reevaluable(plan.module)):
+            self._problem(plan, site.node, self.code, f"{after[0]} needs code after the call, which cannot follow it here; assign the result first")
+        elif needs_module_again(plan, self.rules) and not is_reevaluable(plan.module) and site.role == "nested":
+            self._problem(plan, site.node, code, "the FSDP2 form names the module several times; assign the module to a variable first")
+
+    def _problem(self, plan: Plan, node, code: str, message: str) -> None:
+        plan.problems.append(Problem(node, code, _LEFT_AS_IS + message))
+
+    def _is_kwargs_use(self, load) -> bool:
+        return id(load) in self._kwargs_uses
+
+    def _find_removed_definitions(self) -> None:
+        """Definitions (`policy = ...`, `kw = dict(...)`) that only converted calls used go with them."""
+        gone: set[int] = set()
+        candidates = {}
+        for plan in self._plans.values():
+            if plan.problems:
+                continue
+            gone.update(_subtree_ids(plan.site.node))
+            for definition in plan.definitions:
+                candidates[id(definition.statement)] = definition
+            for argument in plan.arguments.values():
+                if argument.kwargs is not None:
+                    candidates[id(argument.kwargs.statement)] = argument.kwargs
+        changed = True
+        while changed:
+            changed = False
+            for key, definition in candidates.items():
+                if key not in self._removed and all(id(load) in gone for load in definition.loads):
+                    self._removed.add(key)
+                    self.analysis.names.released.add(definition.assignment)
+                    gone.update(_subtree_ids(definition.value))
+                    self.ctx.mark_converted(definition.statement)
+                    changed = True
+
+    def _share_setup_at_kwargs_dicts(self) -> None:
+        """Build the mesh once, before the `**kwargs` dict it comes from, for every call that uses the dict.
+
+        Manual wrapping calls FSDP in a loop with the same dict; a mesh built
+        at each call would create new process groups for every layer.
+        """
+        groups: dict[int, list] = {}
+        for plan in self._plans.values():
+            definition = self._setup_source(plan)
+            if definition is not None:
+                groups.setdefault(id(definition.statement), []).append((definition, plan))
+        for items in groups.values():
+            definition = items[0][0]
+            plans = [plan for _, plan in items]
+            setups = {tuple(self.ctx.module.code_for_node(node) for node in _setup_nodes(plan)) for plan in plans}
+            if len(setups) != 1:
+                continue
+            first = plans[0]
+            setup = list(first.before)
+            values = {}
+            for field, name in (("mesh", "mesh"), ("sharding", "sharding")):
+                value = getattr(first, field)
+                if value is not None and not isinstance(value, cst.Name):
+                    var = self.analysis.names.fresh(definition.target, name, f"fsdp_{name}")
+                    setup += statements(f"{var} = VALUE", VALUE=value)
+                    values[field] = cst.Name(var)
+            for plan in plans:
+                plan.before = []
+                for field, value in values.items():
+                    setattr(plan, field, value)
+            self._setup_at[id(definition.statement)] = setup
+
+    def _setup_source(self, plan: Plan):
+        """The kwargs dict all of `plan`'s mesh and device arguments come from, when its setup may go before it."""
+        if plan.problems or not (plan.before or plan.mesh is not None or plan.sharding is not None):
+            return None
+        sources = {plan.arguments[name].kwargs for name in _SETUP_ARGUMENTS if name in plan.arguments}
+        if len(sources) != 1 or None in sources:
+            return None
+        (definition,) = sources
+        statement = definition.statement
+        if id(statement) not in self.analysis.insertable or self.analysis.initialises_between(statement, plan.site.statement):
+            return None
+        return definition
+
+    # ----- rewriting --------------------------------------------------------------------------
+
+    def visit_SimpleStatementLine(self, node) -> None:
+        setup = self._setup_at.get(id(node))
+        if setup and id(node) not in self._removed:
+            self.ctx.insert_before(setup)
+
+    def visit_Call(self, node) -> None:
+        plan = self._plans.get(id(node))
+        if plan is None:
+            return
+        for problem in plan.problems:
+            self.ctx.report(problem.node, problem.code, problem.message)
+        # Converted, or every reason it is not was said: the FSDP1 names inside need no catch-all.
+        self.ctx.mark_converted(node)
+
+    def leave_Call(self, original, updated):
+        plan = self._plans.get(id(original))
+        if plan is None or plan.problems:
+            return updated
+        emission = Emitter(self.analysis, self.rules, plan, updated).emit()
+        if emission.before:
+            self.ctx.insert_before(emission.before)
+        if emission.after:
+            self.ctx.insert_after(emission.after)
+        if emission.drop_target:
+            self._assignments_dropped.add(id(plan.site.statement))
+        return emission.replacement
+
+    def leave_Assign(self, original, updated):
+        return self._drop_target(original, updated)
+
+    def leave_AnnAssign(self, original, updated):
+        return self._drop_target(original, updated)
+
+    def _drop_target(self, original, updated):
+        statement = self.ctx.statement()
+        if id(statement) in self._assignments_dropped and original.value is not None and id(original.value) in self._plans:
+            return cst.Expr(value=updated.value, semicolon=updated.semicolon)
+        return updated
+
+    def leave_SimpleStatementLine(self, original, updated):
+        if id(original) not in self._removed:
+            return updated
+        setup = self._setup_at.get(id(original))
+        if setup:  # the definition makes way for the setup built from it
+            comments = [line for line in updated.leading_lines if line.comment is not None]
+            first = setup[0].with_changes(leading_lines=[*comments, *setup[0].leading_lines])
+            return cst.FlattenSentinel([first, *setup[1:]])
+        self._dropped[id(updated)] = updated
+        return updated
+
+    def leave_IndentedBlock(self, original, updated):
+        return self._without_removed(updated)
+
+    def leave_Module(self, original, updated):
+        return self._without_removed(updated)
+
+    def _without_removed(self, block):
+        """`block` without the removed definitions; their comments move to the next statement."""
+        if not any(id(statement) in self._dropped for statement in block.body):
+            return block
+        body, pending = [], []
+        for statement in block.body:
+            if id(statement) in self._dropped:
+                pending += [line for line in statement.leading_lines if line.comment is not None]
+                continue
+            if pending:
+                statement = statement.with_changes(leading_lines=[*statement.leading_lines, *pending])
+                pending = []
+            body.append(statement)
+        if not body:
+            body = [cst.SimpleStatementLine([cst.Pass()], leading_lines=pending)]
+            pending = []
+        changes = {"body": body}
+        if pending:
+            changes["footer"] = [*block.footer, *pending]
+        return block.with_changes(**changes)
+
+    # ----- FSDP1 construction names outside converted calls --------------------------------------
+
+    def visit_Name(self, node) -> None:
+        self._leftover(node)
+
+    def visit_Attribute(self, node) -> None:
+        self._leftover(node)
+
+    def _leftover(self, node) -> None:
+        if chain_root(node) not in self._roots:
+            return
+        parent = self.ctx.stack[-2] if len(self.ctx.stack) > 1 else None
+        if isinstance(parent, cst.Attribute):
+            return  # only the outermost node of a chain
+        if any(isinstance(n, (cst.Import, cst.ImportFrom)) for n in self.ctx.stack):
+            return
+        for qualified in sorted(self.ctx.fsdp1_names(node)):
+            found = self._leftovers.get(qualified) or self._leftovers.get(qualified.rpartition(".")[0])
+            if found and not self.ctx.is_covered([id(n) for n in self.ctx.stack]):
+                code, message = found
+                # A call of it is reported whole: its arguments (`wrapper_cls=FSDP`) belong to the same advice.
+                called = isinstance(parent, cst.Call) and parent.func is node
+                self.ctx.report(parent if called else node, code, message)
+                return
+
+
+# The arguments the mesh and the device setup are built from.
+_SETUP_ARGUMENTS = ("sharding_strategy", "process_group", "device_mesh", "device_id")
+
+
+def _setup_nodes(plan: Plan) -> list:
+    return [*plan.before, *(node for node in (plan.mesh, plan.sharding) if node is not None)]
+
+
+def _subtree_ids(node) -> set[int]:
+    ids = set()
+
+    class _Collect(cst.CSTVisitor):
+        def on_visit(self, child) -> bool:
+            ids.add(id(child))
+            return True
+
+    node.visit(_Collect())
+    return ids

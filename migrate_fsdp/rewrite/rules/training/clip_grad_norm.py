@@ -1,0 +1,103 @@
+"""MF205: `model.clip_grad_norm_(max_norm, norm_type)` -> `torch.nn.utils.clip_grad_norm_`.
+
+FSDP2 has no `clip_grad_norm_` method: parameters and gradients are DTensors,
+and `torch.nn.utils.clip_grad_norm_` computes the global norm across shards
+by itself (/work/shared/seeds/002, "Gradient Clipping and Optimizer with
+DTensor"). Its return value is then a DTensor, where FSDP1's method
+(fully_sharded_data_parallel.py) returned a plain tensor holding the global
+norm. When the caller uses the value, the rewrite calls a small helper that
+returns `full_tensor()` of it, so logging, `.item()`, comparisons with plain
+tensors and `torch.isfinite` keep working as before; a bare statement calls
+torch's function directly.
+
+The two norms agree to rounding: FSDP1 sums squares over its flat-parameter
+shards, DTensor per parameter shard, so the float sums associate differently
+and may differ in the last bit (docs/rules/MF205.md).
+
+`clip_grad_norm_` of a user's own class, of accelerate's `Accelerator`
+(`clip_grad_norm_(parameters, max_norm)`) or of anything not shown to be an
+FSDP1 model is left alone; a call shaped like FSDP1's on a receiver of
+unknown type, in a file that uses FSDP1, is reported.
+"""
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.rules.training.base import TrainingRule, bind, code_of
+from migrate_fsdp.rewrite.rules.training.models import Kind
+
+_HELPER = '''
+def {name}(parameters, max_norm, norm_type=2.0):
+    """FSDP1's `model.clip_grad_norm_()` for an FSDP2 model: clip in place, return the global norm.
+
+    FSDP1 returned a plain tensor; torch's `clip_grad_norm_` returns a DTensor
+    for DTensor gradients, so it is made whole here.
+    """
+    total_norm = {clip}(parameters, max_norm, norm_type)
+    return total_norm.full_tensor() if isinstance(total_norm, {dtensor}) else total_norm
+'''
+
+HELPER_NAME = "fsdp2_clip_grad_norm_"
+_PARAMS = ("max_norm", "norm_type")
+
+
+class ClipGradNorm(TrainingRule):
+    code = "MF205"
+    name = "clip-grad-norm"
+    summary = "model.clip_grad_norm_(...) -> torch.nn.utils.clip_grad_norm_(model.parameters(), ...)"
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        func = original.func
+        if self.fsdp_method(func) == "clip_grad_norm_":  # FSDP.clip_grad_norm_(model, max_norm)
+            bound = bind(original, ("self", *_PARAMS))
+            if bound is None or "self" not in bound or "max_norm" not in bound:
+                self.ctx.report(original, self.code, self._advice())
+                return updated
+            if not self.fsdp2_ahead(original):
+                return updated
+            self.ctx.mark_converted(func)
+            model = updated.args[original.args.index(bound["self"])].value
+            rest = [a for o, a in zip(original.args, updated.args, strict=True) if o is not bound["self"]]
+            return self._build(model, rest)
+        if self.model_method(func, "clip_grad_norm_") is None:
+            return updated
+        bound = bind(original, _PARAMS)
+        kind = self.receiver_kind(func)
+        if kind is Kind.FSDP and bound is not None and "max_norm" in bound:
+            if not self.fsdp2_ahead(original):
+                return updated
+            return self._build(updated.func.value, list(updated.args))
+        receiver = code_of(self.ctx, func.value)
+        if kind is Kind.FSDP:
+            self.ctx.report(func, self.code, "arguments not understood; " + self._advice(receiver))
+        elif kind is Kind.UNKNOWN and self.models.imports_fsdp and self._shaped_like_fsdp1(original):
+            self.ctx.report(
+                func, self.code, f"cannot tell whether `{receiver}` is an FSDP1 model; " + self._advice(receiver)
+            )
+        return updated
+
+    @staticmethod
+    def _shaped_like_fsdp1(call: cst.Call) -> bool:
+        """`(max_norm[, norm_type])`, not accelerate's `(parameters, max_norm)`."""
+        if bind(call, _PARAMS) is None:
+            return False
+        positional = [a for a in call.args if a.keyword is None]
+        return len(positional) <= 1 or isinstance(positional[0].value, cst.BaseNumber)
+
+    def _build(self, model: cst.BaseExpression, args: list) -> cst.Call:
+        parameters = cst.Call(func=cst.Attribute(value=model, attr=cst.Name("parameters")))
+        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        args = [cst.Arg(parameters, comma=comma), *args]
+        args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        clip = self.ctx.require_import("torch.nn.utils", "clip_grad_norm_")
+        if self.is_statement_call():
+            return cst.Call(func=cst.Name(clip), args=args)
+        dtensor = self.ctx.require_import("torch.distributed.tensor", "DTensor")
+        helper = self.ctx.add_helper(HELPER_NAME, _HELPER.format(name=HELPER_NAME, clip=clip, dtensor=dtensor))
+        return cst.Call(func=cst.Name(helper), args=args)
+
+    @staticmethod
+    def _advice(receiver: str = "model") -> str:
+        return (
+            f"for an FSDP1 model use `torch.nn.utils.clip_grad_norm_({receiver}.parameters(), max_norm, norm_type)` "
+            "and `.full_tensor()` on the returned DTensor norm (FSDP2)"
+        )

@@ -1,0 +1,303 @@
+"""MF203: FSDP1 optimizer-state APIs -> get/set_optimizer_state_dict.
+
+FSDP1's optimizer state dicts go through static methods of the wrapper
+(fully_sharded_data_parallel.py): `optim_state_dict` /
+`optim_state_dict_to_load`, which follow the model's state-dict setting
+(MF202), and the older `full_optim_state_dict`, `sharded_optim_state_dict`,
+`shard_full_optim_state_dict`, `scatter_full_optim_state_dict` and
+`flatten_sharded_optim_state_dict`, which fix it themselves. FSDP2 uses
+`get_optimizer_state_dict(model, optim, options=...)` and
+`set_optimizer_state_dict(model, optim, state, options=...)` of
+torch.distributed.checkpoint.state_dict, with parameter names as keys like
+FSDP1's.
+
+The FSDP1 loaders return a dict the caller then passes to
+`optim.load_state_dict(...)`; FSDP2's setter loads directly. So
+`optim.load_state_dict(FSDP.optim_state_dict_to_load(...))`, the same split
+over two statements (`osd = ...` then `optim.load_state_dict(osd)`), and
+`load_directly=True` become one `set_optimizer_state_dict(...)`; any other
+use of the returned dict is reported. `optim_state_dict_to_load` is
+recognised in its current order `(model, optim, osd)`, in the legacy order
+`(osd, model, optim)` of torch 1.x/2.0 and with keywords.
+"""
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.rules.training.base import bind, literal_bool
+from migrate_fsdp.rewrite.rules.training.models import assignments_of
+from migrate_fsdp.rewrite.rules.training.state_dicts import (
+    ADVICE,
+    DEFAULT_SETTINGS,
+    FULL,
+    SHARDED,
+    Builder,
+    Settings,
+    UsesStateDictPlan,
+)
+from migrate_fsdp.rewrite.syntax import dotted
+
+_LOADERS = {
+    # method: (signature, state-dict type, broadcast from rank 0)
+    "shard_full_optim_state_dict": (("full_optim_state_dict", "model", "optim_input", "optim"), FULL, False),
+    "scatter_full_optim_state_dict": (("full_optim_state_dict", "model", "optim_input", "optim", "group"), FULL, True),
+    "flatten_sharded_optim_state_dict": (("sharded_optim_state_dict", "model", "optim"), SHARDED, False),
+}
+_TO_LOAD = ("model", "optim", "optim_state_dict", "is_named_optimizer", "load_directly", "group")
+_TO_LOAD_LEGACY = ("optim_state_dict", "model", "optim", "is_named_optimizer", "load_directly", "group")
+
+
+class OptimStateDict(UsesStateDictPlan):
+    code = "MF203"
+    name = "optim-state-dict"
+    summary = "FSDP.optim_state_dict / optim_state_dict_to_load / full_optim_state_dict ... -> get/set_optimizer_state_dict"
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._nested: dict[int, cst.Call] = {}  # id(outer load_state_dict call) -> replacement
+        self._to_expression: set[int] = set()  # `osd = loader(...)` lines that become a bare call
+        self._removed: set[int] = set()  # the `optim.load_state_dict(osd)` lines those make redundant
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if id(original) in self._nested:
+            return self._nested.pop(id(original))
+        method = self.fsdp_method(original.func)
+        if method == "rekey_optim_state_dict":
+            self._report(original, "FSDP2's optimizer state dicts are keyed by parameter name already")
+            return updated
+        handler = {
+            "optim_state_dict": self._get,
+            "full_optim_state_dict": self._get_full_legacy,
+            "sharded_optim_state_dict": self._get_sharded_legacy,
+            "optim_state_dict_to_load": self._set,
+            "shard_full_optim_state_dict": self._set_legacy,
+            "scatter_full_optim_state_dict": self._set_legacy,
+            "flatten_sharded_optim_state_dict": self._set_legacy,
+        }.get(method)
+        if handler is None or not self.fsdp2_ahead(original):
+            return updated
+        result = handler(original, updated)
+        if result is None:
+            return updated
+        self.ctx.mark_converted(original.func)
+        return result
+
+    def leave_SimpleStatementLine(self, original, updated):
+        if id(original) in self._removed:
+            return self.remove_statement(original)
+        if id(original) in self._to_expression and isinstance(updated.body[0], cst.Assign):
+            updated = updated.with_changes(body=[cst.Expr(updated.body[0].value)])
+        return super().leave_SimpleStatementLine(original, updated)
+
+    # ----- getters -----------------------------------------------------------------------
+
+    def _get(self, original, updated):
+        bound = bind(original, ("model", "optim", "optim_state_dict", "group"))
+        if bound is None or "model" not in bound or "optim" not in bound:
+            return self._report(original, "arguments not understood")
+        settings = self._settings(original)
+        if settings is None:
+            return None
+        given = bound.get("optim_state_dict")
+        if given is not None and not _is_none(given) and not self._is_state_dict_of(given.value, bound["optim"]):
+            return self._report(original, "a transformed `optim_state_dict` argument has no FSDP2 counterpart")
+        if not self._default_group(bound):
+            return None
+        args = [self._arg(original, updated, bound, "model"), self._arg(original, updated, bound, "optim")]
+        return Builder(self.ctx).get(
+            "get_optimizer_state_dict", args, settings.kind, settings.optim_offload, settings.optim_rank0
+        )
+
+    def _get_full_legacy(self, original, updated):
+        bound = bind(original, ("model", "optim", "optim_input", "rank0_only", "group"))
+        if bound is None or "model" not in bound or "optim" not in bound:
+            return self._report(original, "arguments not understood")
+        rank0 = literal_bool(bound["rank0_only"].value) if "rank0_only" in bound else True
+        if rank0 is None or not self._no_optim_input(bound) or not self._default_group(bound):
+            return self._report(original, "`rank0_only` not True/False or `optim_input` given") if rank0 is None else None
+        args = [self._arg(original, updated, bound, "model"), self._arg(original, updated, bound, "optim")]
+        # FSDP1 offloads this one to CPU unconditionally (`_optim_state_dict_impl(cpu_offload=True)`).
+        return Builder(self.ctx).get_full("get_optimizer_state_dict", args, True, rank0)
+
+    def _get_sharded_legacy(self, original, updated):
+        bound = bind(original, ("model", "optim", "group"))
+        if bound is None or "model" not in bound or "optim" not in bound:
+            return self._report(original, "arguments not understood")
+        if not self._default_group(bound):
+            return None
+        args = [self._arg(original, updated, bound, "model"), self._arg(original, updated, bound, "optim")]
+        build = Builder(self.ctx)
+        return build.call("get_optimizer_state_dict", args, build.options(cpu_offload=True))
+
+    # ----- loaders -----------------------------------------------------------------------
+
+    def _set(self, original, updated):
+        bound = self._bind_to_load(original)
+        if bound is None:
+            return self._report(original, "argument order not recognised")
+        settings = self._settings(original)
+        if settings is None:
+            return None
+        if literal_bool(bound["is_named_optimizer"].value) if "is_named_optimizer" in bound else False:
+            return self._report(original, "`is_named_optimizer=True` (TorchRec/NamedOptimizer) is not converted")
+        if not self._default_group(bound):
+            return None
+        load_directly = literal_bool(bound["load_directly"].value) if "load_directly" in bound else False
+        broadcast = settings.kind == FULL and settings.optim_rank0
+        return self._load(original, updated, bound, settings.kind, broadcast, bound["optim"], load_directly)
+
+    def _bind_to_load(self, call: cst.Call):
+        """The arguments by name, for the current `(model, optim, osd)` or the legacy `(osd, model, optim)` order."""
+        current = bind(call, _TO_LOAD)
+        if current is not None and {"model", "optim", "optim_state_dict"} <= current.keys():
+            positional = [a for a in call.args if a.keyword is None]
+            if len(positional) < 2 or self._is_model(positional[0].value) or not self._is_model(positional[1].value):
+                return current
+        legacy = bind(call, _TO_LOAD_LEGACY)
+        if legacy is not None and {"model", "optim", "optim_state_dict"} <= legacy.keys():
+            return legacy
+        return None
+
+    def _is_model(self, node) -> bool:
+        """Whether `node` is the model of this call: an FSDP1 model, or the model of the state-dict context."""
+        if self.models.is_fsdp_model(node):
+            return True
+        return any(context.model and context.model == dotted(node) for context in self.plan.contexts)
+
+    def _set_legacy(self, original, updated):
+        params, kind, broadcast = _LOADERS[original.func.attr.value]
+        bound = bind(original, params)
+        if bound is None or "model" not in bound or params[0] not in bound:
+            return self._report(original, "arguments not understood")
+        if not self._no_optim_input(bound) or not self._default_group(bound):
+            return None
+        bound = {**bound, "optim_state_dict": bound[params[0]]}
+        return self._load(original, updated, bound, kind, broadcast, bound.get("optim"), False)
+
+    def _load(self, original, updated, bound, kind, broadcast, optim_arg, load_directly):
+        """`set_optimizer_state_dict(...)`, where the FSDP1 result is loaded into the optimizer right away."""
+        stack = self.ctx.stack
+        consumer = self._consumer(original, stack, optim_arg)
+        if load_directly and isinstance(stack[-2], cst.Expr):
+            consumer = ("statement", None)
+        if consumer is None:
+            return self._report(
+                original,
+                "its result is not passed straight to `optim.load_state_dict` (FSDP2's setter loads it itself)",
+            )
+        mode, optim = consumer
+        build = Builder(self.ctx)
+        model = self._arg(original, updated, bound, "model")
+        state = self._arg(original, updated, bound, "optim_state_dict")
+        optim_node = self._arg(original, updated, bound, "optim") if "optim" in bound else optim
+        options = build.options(full_state_dict=kind == FULL, broadcast_from_rank0=broadcast)
+        call = build.call("set_optimizer_state_dict", [model, optim_node, state], options)
+        if mode == "nested":
+            outer = stack[-3]
+            self._nested[id(outer)] = call
+            self.ctx.mark_converted(original.func)
+            return None
+        return call
+
+    def _consumer(self, original, stack, optim_arg):
+        """How the loaded dict reaches `optim.load_state_dict`: ("nested"|"assigned", optimizer node) or None."""
+        parent, grandparent = stack[-2], stack[-3] if len(stack) >= 3 else None
+        if isinstance(parent, cst.Arg) and self._is_load_state_dict(grandparent, optim_arg) and len(grandparent.args) == 1:
+            return "nested", grandparent.func.value
+        statement = self.ctx.statement()
+        if not (
+            isinstance(parent, cst.Assign)
+            and len(parent.targets) == 1
+            and isinstance(parent.targets[0].target, cst.Name)
+            and isinstance(statement, cst.SimpleStatementLine)
+            and len(statement.body) == 1
+        ):
+            return None
+        target = parent.targets[0].target
+        scope = self.ctx.scope(target)
+        assignments = [a for a in assignments_of(scope, target.value) if a.node is target]
+        references = [r for a in assignments for r in a.references]
+        if len(references) != 1:
+            return None
+        follower = self._follower(statement, references[0].node, optim_arg)
+        if follower is None:
+            return None
+        self._to_expression.add(id(statement))
+        self._removed.add(id(follower))
+        return "assigned", follower.body[0].value.func.value
+
+    def _follower(self, statement, reference, optim_arg):
+        """The later `optim.load_state_dict(osd)` line in the same block that uses `reference`."""
+        block = self.ctx.stack[self.ctx.stack.index(statement) - 1]
+        body = list(block.body)
+        for later in body[body.index(statement) + 1 :]:
+            if (
+                isinstance(later, cst.SimpleStatementLine)
+                and len(later.body) == 1
+                and isinstance(later.body[0], cst.Expr)
+                and self._is_load_state_dict(later.body[0].value, optim_arg)
+                and len(later.body[0].value.args) == 1
+                and later.body[0].value.args[0].value is reference
+            ):
+                return later
+        return None
+
+    @staticmethod
+    def _is_load_state_dict(call, optim_arg) -> bool:
+        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "load_state_dict"):
+            return False
+        return optim_arg is None or dotted(call.func.value) == dotted(optim_arg.value) != ""
+
+    # ----- shared ------------------------------------------------------------------------
+
+    def _settings(self, original) -> Settings | None:
+        settings = self.plan.settings_for(original)
+        if settings is not None:
+            return settings
+        blocked = self.plan.blocked(original)
+        if blocked is not None:
+            self._report(original, blocked)
+            return None
+        if self.plan.unresolved:
+            self._report(original, None)
+            return None
+        return DEFAULT_SETTINGS
+
+    def _default_group(self, bound) -> bool:
+        return self._absent(bound, "group", "FSDP2 takes the process group from the model's device mesh")
+
+    def _no_optim_input(self, bound) -> bool:
+        return self._absent(bound, "optim_input", "it is deprecated and has no FSDP2 counterpart")
+
+    def _absent(self, bound, name: str, why: str) -> bool:
+        """Whether the optional argument `name` is absent or None; reported when it is not."""
+        arg = bound.get(name)
+        if arg is None or _is_none(arg):
+            return True
+        call = next(n for n in reversed(self.ctx.stack) if isinstance(n, cst.Call))
+        self._report(call, f"`{name}` given: {why}")
+        return False
+
+    def _report(self, call, reason: str | None):
+        if reason is None:
+            reason = "the state-dict type in force here is one this rule could not follow"
+        method = call.func.attr.value if isinstance(call.func, cst.Attribute) else "?"
+        self.ctx.report(call, self.code, f"`FSDP.{method}` not converted: {reason}; {ADVICE}")
+        return None
+
+    @staticmethod
+    def _arg(original, updated, bound, name):
+        return updated.args[original.args.index(bound[name])].value
+
+    @staticmethod
+    def _is_state_dict_of(node, optim_arg) -> bool:
+        return (
+            isinstance(node, cst.Call)
+            and not node.args
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "state_dict"
+            and dotted(node.func.value) == dotted(optim_arg.value) != ""
+        )
+
+
+def _is_none(arg: cst.Arg) -> bool:
+    return isinstance(arg.value, cst.Name) and arg.value.value == "None"

@@ -1,0 +1,525 @@
+"""FSDP1 state-dict settings in force at each call, and the FSDP2 calls that reproduce them.
+
+FSDP1 decides what `model.state_dict()`, `model.load_state_dict()`,
+`FSDP.optim_state_dict()` and `FSDP.optim_state_dict_to_load()` do from a
+setting stored on the model: `with FSDP.state_dict_type(model, TYPE, cfg,
+optim_cfg):` for a block, `FSDP.set_state_dict_type(...)` from then on, and
+FULL_STATE_DICT with default configs otherwise (fully_sharded_data_parallel.py).
+FSDP2 passes the same choice explicitly, as `StateDictOptions` of
+torch.distributed.checkpoint.state_dict. This module reads the settings of
+each context from the original tree (once per file, shared by MF202 and
+MF203) and builds the replacement calls.
+
+How FSDP1's configs map (checked against both implementations, see
+docs/rules/MF202.md): FULL with `offload_to_cpu` and `rank0_only` both set or
+both unset is `StateDictOptions(full_state_dict=True, cpu_offload=<both>)`
+exactly (FSDP2's `cpu_offload` also keeps the result on rank 0 only). The two
+mixed settings have no FSDP2 option, so a helper added to the file gathers
+the sharded FSDP2 state dict tensor by tensor and moves it to CPU or keeps it
+on rank 0 only, as FSDP1 did. Loading a FULL optimizer state with
+`rank0_only=True` broadcasts from rank 0 (`broadcast_from_rank0=True`).
+SHARDED maps to the sharded FSDP2 state dict, `offload_to_cpu` to
+`cpu_offload`. LOCAL (flat-parameter shards) has no FSDP2 form.
+
+A context is removed only when every use of its model inside it is one this
+code converts; a model passed to other code inside the block (a
+`save_checkpoint(model)`) would silently lose the setting, so the context is
+reported instead.
+"""
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.rules.training.base import WRAP_CALL_CODE, RemovesStatements, bind, literal_bool, walk
+from migrate_fsdp.rewrite.rules.training.models import FSDP_CLASS, assignments_of, fsdp_models
+from migrate_fsdp.rewrite.syntax import dotted
+
+FULL, SHARDED, LOCAL = "FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT"
+DSD = "torch.distributed.checkpoint.state_dict"
+ADVICE = (
+    "with FSDP2 each call takes the setting: get/set_model_state_dict, get/set_optimizer_state_dict "
+    "(torch.distributed.checkpoint.state_dict) with options=StateDictOptions(...)"
+)
+_FSDP = "torch.distributed.fsdp"
+_CONTEXT_METHODS = ("state_dict_type", "set_state_dict_type")
+_CONTEXT_PARAMS = ("module", "state_dict_type", "state_dict_config", "optim_state_dict_config")
+# Optimizer-state methods whose result depends on the model's state-dict setting.
+CONTEXT_OPTIM_METHODS = ("optim_state_dict", "optim_state_dict_to_load")
+LEGACY_OPTIM_METHODS = (
+    "full_optim_state_dict",
+    "sharded_optim_state_dict",
+    "shard_full_optim_state_dict",
+    "scatter_full_optim_state_dict",
+    "flatten_sharded_optim_state_dict",
+    "rekey_optim_state_dict",
+)
+OPTIM_METHODS = CONTEXT_OPTIM_METHODS + LEGACY_OPTIM_METHODS
+_INSPECTING = ("builtins.isinstance", "builtins.type", "builtins.id", "builtins.print")
+
+# Config class -> (state-dict type it belongs to, is for the optimizer, field order).
+_CONFIGS = {
+    f"{_FSDP}.FullStateDictConfig": (FULL, False, ("offload_to_cpu", "rank0_only")),
+    f"{_FSDP}.ShardedStateDictConfig": (SHARDED, False, ("offload_to_cpu", "_use_dtensor")),
+    f"{_FSDP}.LocalStateDictConfig": (LOCAL, False, ("offload_to_cpu",)),
+    f"{_FSDP}.FullOptimStateDictConfig": (FULL, True, ("offload_to_cpu", "rank0_only")),
+    f"{_FSDP}.ShardedOptimStateDictConfig": (SHARDED, True, ("offload_to_cpu", "_use_dtensor")),
+    f"{_FSDP}.LocalOptimStateDictConfig": (LOCAL, True, ("offload_to_cpu",)),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    kind: str = FULL
+    model_offload: bool = False
+    model_rank0: bool = False
+    optim_offload: bool = True
+    optim_rank0: bool = False
+
+
+DEFAULT_SETTINGS = Settings()
+
+
+@dataclass
+class Context:
+    """One `FSDP.state_dict_type(...)` block or `FSDP.set_state_dict_type(...)` statement."""
+
+    call: cst.Call
+    statement: cst.CSTNode  # the With, or the statement line of the set call
+    model: str = ""
+    settings: Settings | None = None
+    failure: str | None = None
+    uses: list = field(default_factory=list)  # calls converted with these settings
+    config_names: list = field(default_factory=list)  # Name nodes of config arguments
+
+    @property
+    def converted(self) -> bool:
+        return self.failure is None
+
+
+class StateDictPlan:
+    """Settings per call, decided once the read-only pass has seen the whole file."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.contexts: list[Context] = []
+        self._pending: list[tuple[cst.Call, tuple]] = []  # context calls, with their stacks
+        self._noted: set[int] = set()
+        self._settings: dict[int, Settings] = {}  # id(call) -> settings in force
+        self._context_of: dict[int, Context] = {}  # id(call) -> its context
+        self._blocked: dict[int, Context] = {}  # id(call) -> the unreadable context governing it
+        self.removed_statements: set[int] = set()
+        self.config_statements: dict[int, tuple] = {}  # id(config line) -> (line, failure or None)
+        self.built = False
+
+    # ----- collecting --------------------------------------------------------------------
+
+    def note_call(self, call: cst.Call) -> None:
+        if id(call) not in self._noted and self._fsdp_method(call.func) in _CONTEXT_METHODS:
+            self._noted.add(id(call))
+            self._pending.append((call, tuple(self.ctx.stack)))
+
+    def _fsdp_method(self, func) -> str | None:
+        if isinstance(func, cst.Attribute) and self.ctx.matches(func, f"{FSDP_CLASS}.{func.attr.value}"):
+            return func.attr.value
+        return None
+
+    # ----- deciding ----------------------------------------------------------------------
+
+    def build(self, optim_rule_selected: bool, wrap_selected: bool) -> None:
+        if self.built:
+            return
+        self.built = True
+        for call, stack in self._pending:
+            context = self._context(call, stack, optim_rule_selected)
+            if not wrap_selected:
+                context.failure = "MF101 (wrap-call) is not selected, so the models stay FSDP1"
+            self.contexts.append(context)
+            self._context_of[id(call)] = context
+        self._plan_config_statements()
+
+    def _context(self, call, stack, optim_rule_selected) -> Context:
+        method = self._fsdp_method(call.func)
+        statement, region = self._region(call, stack, method)
+        context = Context(call, statement)
+        bound = bind(call, _CONTEXT_PARAMS)
+        if bound is None or "module" not in bound or "state_dict_type" not in bound:
+            context.failure = "arguments not understood"
+            return context
+        context.model = dotted(bound["module"].value)
+        for name in ("state_dict_config", "optim_state_dict_config"):
+            if name in bound and isinstance(bound[name].value, cst.Name) and bound[name].value.value != "None":
+                context.config_names.append(bound[name].value)
+        settings, failure = self._settings_of(bound)
+        context.settings = settings
+        if failure is None and not context.model:
+            failure = "the model is not a plain name or attribute chain"
+        if failure is None and statement is None:
+            failure = (
+                "`FSDP.state_dict_type` outside a `with` statement"
+                if method == "state_dict_type"
+                else "`FSDP.set_state_dict_type` not a statement of its own in a function or module body"
+            )
+        if context.model:
+            problem = self._check_region(context, region, method, stack, optim_rule_selected)
+            failure = failure or problem
+        context.failure = failure
+        return context
+
+    def _region(self, call, stack, method):
+        """The statement holding the context, and the statements it governs."""
+        if method == "state_dict_type":
+            item = stack[-2] if len(stack) >= 2 else None
+            with_node = stack[-3] if len(stack) >= 3 else None
+            if isinstance(item, cst.WithItem) and isinstance(with_node, cst.With) and item.item is call and item.asname is None:
+                return with_node, [with_node.body]
+            return None, []
+        expr, line, block = (stack[-2], stack[-3], stack[-4]) if len(stack) >= 4 else (None, None, None)
+        if (
+            isinstance(expr, cst.Expr)
+            and isinstance(line, cst.SimpleStatementLine)
+            and len(line.body) == 1
+            and isinstance(block, (cst.IndentedBlock, cst.Module))
+        ):
+            body = list(block.body)
+            index = next(i for i, s in enumerate(body) if s is line)
+            return line, body[index + 1 :]
+        return None, []
+
+    def _settings_of(self, bound) -> tuple[Settings | None, str | None]:
+        kind = self._type_of(bound["state_dict_type"].value)
+        if kind is None:
+            return None, "the state-dict type is not a `StateDictType.` member written out"
+        if kind == LOCAL:
+            return None, (
+                "LOCAL_STATE_DICT (FSDP1's flat-parameter shards) has no FSDP2 form: use the sharded "
+                "`get_model_state_dict(model)` (DTensors) or a full state dict"
+            )
+        values = {"model": (False, False), "optim": (True, False)}
+        for name, for_optim in (("state_dict_config", False), ("optim_state_dict_config", True)):
+            arg = bound.get(name)
+            if arg is None or (isinstance(arg.value, cst.Name) and arg.value.value == "None"):
+                continue
+            parsed = self.parse_config(arg.value)
+            if isinstance(parsed, str):
+                return None, parsed
+            config_kind, config_for_optim, offload, rank0 = parsed
+            if config_kind != kind or config_for_optim != for_optim:
+                return None, f"`{self.ctx.code(arg.value)}` does not match {kind} (FSDP1 raises on it)"
+            values["optim" if for_optim else "model"] = (offload, rank0)
+        (model_offload, model_rank0), (optim_offload, optim_rank0) = values["model"], values["optim"]
+        return Settings(kind, model_offload, model_rank0, optim_offload, optim_rank0), None
+
+    def _type_of(self, node) -> str | None:
+        for kind in (FULL, SHARDED, LOCAL):
+            if self.ctx.matches(node, f"{_FSDP}.StateDictType.{kind}"):
+                return kind
+        return None
+
+    def parse_config(self, node):
+        """(type, for optimizer, offload_to_cpu, rank0_only) of a config call or a name bound once to one."""
+        call = node
+        if isinstance(node, cst.Name):
+            call = self._single_value(node)
+            if call is None:
+                return f"`{node.value}` is not assigned a state-dict config exactly once in this file"
+        if not isinstance(call, cst.Call):
+            return f"`{self.ctx.code(node)}` is not a state-dict config built here"
+        config = next((c for c in _CONFIGS if self.ctx.matches(call.func, c)), None)
+        if config is None:
+            return f"`{self.ctx.code(call.func)}` is not a state-dict config class FSDP1 accepts here"
+        kind, for_optim, params = _CONFIGS[config]
+        bound = bind(call, params)
+        if bound is None:
+            return f"arguments of `{self.ctx.code(call)}` not understood"
+        offload_default = for_optim and kind != LOCAL
+        offload = literal_bool(bound["offload_to_cpu"].value) if "offload_to_cpu" in bound else offload_default
+        rank0 = literal_bool(bound["rank0_only"].value) if "rank0_only" in bound else False
+        if offload is None or rank0 is None:
+            return f"`{' '.join(self.ctx.code(call).split())}` has values known only at run time; write True/False"
+        return kind, for_optim, offload, rank0
+
+    def _single_value(self, name: cst.Name):
+        assignments = assignments_of(self.ctx.scope(name), name.value)
+        if len(assignments) != 1:
+            return None
+        statement = self._assign_statement(assignments[0].node)
+        return statement.body[0].value if statement is not None else None
+
+    def _assign_statement(self, target):
+        """The `name = value` line that assigns `target` (single target, alone on its line)."""
+        statement = self._statements.get(id(target))
+        if statement is None:
+            return None
+        assign = statement.body[0]
+        return statement if len(assign.targets) == 1 and assign.targets[0].target is target else None
+
+    @property
+    def _statements(self) -> dict:
+        """id(Name target) -> the simple `Assign` line holding it, for the whole module (built once)."""
+        if not hasattr(self, "_statement_index"):
+            index = {}
+            for node, _ in walk(self.ctx.module):
+                if (
+                    isinstance(node, cst.SimpleStatementLine)
+                    and len(node.body) == 1
+                    and isinstance(node.body[0], cst.Assign)
+                ):
+                    for target in node.body[0].targets:
+                        index[id(target.target)] = node
+            self._statement_index = index
+        return self._statement_index
+
+    def _check_region(self, context, region, method, stack, optim_rule_selected) -> str | None:
+        """Collect the calls the context governs; the first use that keeps it from being removed, if any."""
+        problems = []
+        if method == "set_state_dict_type" and region:
+            problems.append(self._set_context_escape(context, stack))
+        for node, parents in walk(*region):
+            if dotted(node) == context.model and isinstance(node, (cst.Name, cst.Attribute)):
+                problems.append(self._region_use(context, node, parents, optim_rule_selected))
+        return next((p for p in problems if p is not None), None)
+
+    def _region_use(self, context, node, parents, optim_rule_selected) -> str | None:
+        parent = parents[-1] if parents else None
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            call = parents[-2] if len(parents) >= 2 else None
+            if isinstance(call, cst.Call) and call.func is parent and parent.attr.value in ("state_dict", "load_state_dict"):
+                context.uses.append(call)
+                if model_state_call(call) is None:
+                    return f"`{self.ctx.code(call)}` has arguments this rule does not convert"
+            return None  # other methods and attributes of the model do not read the setting
+        if isinstance(parent, cst.Call) and parent.func is node:
+            return None  # model(x)
+        if isinstance(parent, cst.Arg) and len(parents) >= 2 and isinstance(parents[-2], cst.Call):
+            outer = parents[-2]
+            method_name = self._fsdp_method(outer.func)
+            if method_name in OPTIM_METHODS:
+                if method_name in CONTEXT_OPTIM_METHODS:
+                    context.uses.append(outer)
+                return None if optim_rule_selected else "MF203 (optimizer state) is not selected, and it needs this setting"
+            if method_name in _CONTEXT_METHODS:
+                return "another state-dict type is set on the same model inside it"
+            if self._reads_only(outer):
+                return None
+        return f"`{context.model}` is used where the state-dict setting may apply out of sight ({self._describe(node, parents)})"
+
+    def _set_context_escape(self, context, stack) -> str | None:
+        """`set_state_dict_type` lasts beyond the call: only a wrapper made here and never handed out can be followed."""
+        function = next((n for n in reversed(stack) if isinstance(n, cst.FunctionDef)), None)
+        node = context.call.args[0].value if context.call.args else None
+        if function is None or not isinstance(node, cst.Name):
+            return "the setting outlives this function (module level, or an attribute)"
+        if not fsdp_models(self.ctx).wrapped_here(node, stack):
+            return "the model was not wrapped in this function, so code elsewhere may see the setting"
+        for access_node, parents in walk(function.body):
+            if not (isinstance(access_node, cst.Name) and access_node.value == node.value):
+                continue
+            parent = parents[-1] if parents else None
+            if isinstance(parent, cst.Attribute) and parent.value is access_node:
+                continue
+            if isinstance(parent, cst.Call) and parent.func is access_node:
+                continue
+            if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.Arg) and self._reads_only(parents[-2])):
+                continue
+            return f"`{node.value}` is handed to other code ({self._describe(access_node, parents)}), where the setting would still apply"
+        return None
+
+    def _describe(self, node, parents) -> str:
+        """The call or statement around a use, shortened, for a message."""
+        around = next((p for p in reversed(parents) if isinstance(p, (cst.Call, cst.BaseSmallStatement))), node)
+        text = " ".join(self.ctx.code(around).split())
+        return f"`{text if len(text) <= 60 else text[:57] + '...'}`"
+
+    def _reads_only(self, call) -> bool:
+        """Calls that take the model without keeping it: FSDP's own, and type checks."""
+        return isinstance(call, cst.Call) and (
+            self._fsdp_method(call.func) is not None or self.ctx.matches(call.func, FSDP_CLASS, *_INSPECTING)
+        )
+
+    def _plan_config_statements(self) -> None:
+        """Config assignments go with their contexts; one that stays must be reported."""
+        users: dict[int, tuple] = {}
+        for context in self.contexts:
+            for name in context.config_names:
+                statement = self._config_statement(name)
+                if statement is not None:
+                    users.setdefault(id(statement), (statement, []))[1].append(context)
+        for statement_id, (statement, contexts) in users.items():
+            failures = [c.failure for c in contexts if c.failure]
+            self.config_statements[statement_id] = (statement, failures[0] if failures else None)
+            if not failures and self._only_used_by_contexts(statement):
+                self.removed_statements.add(statement_id)
+        for context in self.contexts:
+            for use in context.uses:
+                if context.settings is not None:
+                    self._settings[id(use)] = context.settings
+                else:
+                    self._blocked[id(use)] = context
+            if context.converted and isinstance(context.statement, cst.SimpleStatementLine):
+                self.removed_statements.add(id(context.statement))
+
+    def _config_statement(self, name: cst.Name):
+        assignments = assignments_of(self.ctx.scope(name), name.value)
+        return self._assign_statement(assignments[0].node) if len(assignments) == 1 else None
+
+    def _only_used_by_contexts(self, statement) -> bool:
+        target = statement.body[0].targets[0].target
+        context_names = {id(n) for c in self.contexts for n in c.config_names}
+        return all(
+            id(access.node) in context_names
+            for assignment in assignments_of(self.ctx.scope(target), target.value)
+            for access in assignment.references
+        )
+
+    # ----- answering ---------------------------------------------------------------------
+
+    def settings_for(self, call: cst.Call) -> Settings | None:
+        """Settings of the context governing `call`, None when it is governed by no context."""
+        return self._settings.get(id(call))
+
+    def blocked(self, call: cst.Call) -> str | None:
+        """Why the settings governing `call` are unknown, when it sits in a context this code cannot read."""
+        context = self._blocked.get(id(call))
+        if context is None:
+            return None
+        return f"governed by the `FSDP.{context.call.func.attr.value}` that is reported above"
+
+    def context_of(self, call: cst.Call) -> Context | None:
+        return self._context_of.get(id(call))
+
+    @property
+    def unresolved(self) -> bool:
+        """A context this file sets but we could not follow: FSDP1's default may not hold elsewhere."""
+        return any(not c.converted for c in self.contexts)
+
+
+def model_state_call(call: cst.Call):
+    """("save", None) for `m.state_dict()`, ("load", strict Arg or None) for `m.load_state_dict(sd[, strict])`."""
+    name = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+    if name == "state_dict" and not call.args:
+        return "save", None
+    if name == "load_state_dict":
+        bound = bind(call, ("state_dict", "strict"))
+        if bound is not None and "state_dict" in bound:
+            return "load", bound.get("strict")
+    return None
+
+
+FACTS_KEY = "training.state_dicts"
+
+
+class UsesStateDictPlan(RemovesStatements):
+    """MF202 and MF203: both read the plan, built once the read-only pass has seen the file."""
+
+    @property
+    def plan(self) -> StateDictPlan:
+        if FACTS_KEY not in self.ctx.facts:
+            self.ctx.facts[FACTS_KEY] = StateDictPlan(self.ctx)
+        return self.ctx.facts[FACTS_KEY]
+
+    def collect_Call(self, node) -> None:
+        super().collect_Call(node)
+        self.plan.note_call(node)
+
+    def visit_Module(self, node) -> None:
+        self.plan.build(optim_rule_selected=self.ctx.selected("MF203"), wrap_selected=self.ctx.selected(WRAP_CALL_CODE))
+
+
+# ----- building the FSDP2 calls ----------------------------------------------------------
+
+_GATHER_HELPER = '''
+def {name}(state_dict, offload_to_cpu, rank0_only):
+    """FSDP1's FULL_STATE_DICT settings FSDP2's options lack, from an FSDP2 (DTensor) state dict.
+
+    Gathers every DTensor to a full tensor, one at a time and on every rank (a
+    collective); moves it to CPU when `offload_to_cpu`; with `rank0_only`,
+    ranks other than 0 get an empty dict, as FSDP1 gave them.
+    """
+
+    def full(value):
+        if isinstance(value, {dtensor}):
+            value = value.full_tensor()
+        if isinstance(value, {tensor}) and offload_to_cpu:
+            return value.cpu()
+        if isinstance(value, dict):
+            return {{key: full(item) for key, item in value.items()}}
+        if isinstance(value, list):
+            return [full(item) for item in value]
+        return value
+
+    result = full(state_dict)
+    return result if not rank0_only or {get_rank}() == 0 else {{}}
+'''
+GATHER_HELPER_NAME = "fsdp2_full_state_dict"
+
+
+@dataclass
+class Builder:
+    """Builds FSDP2 state-dict calls in the rewritten file, asking the context for imports and helpers."""
+
+    ctx: object
+
+    def options(self, **values) -> cst.Arg | None:
+        present = {k: v for k, v in values.items() if v is not None and v is not False}
+        if not present:
+            return None
+        options = self.ctx.require_import(DSD, "StateDictOptions")
+        text = ", ".join(f"{k}={_text(v)}" for k, v in present.items())
+        call = cst.parse_expression(f"{options}({text})")
+        for key, value in present.items():
+            if isinstance(value, cst.BaseExpression):
+                call = _replace_keyword(call, key, value)
+        return cst.Arg(call, keyword=cst.Name("options"), equal=_NO_SPACE_EQUAL)
+
+    def call(self, function: str, args: list, options: cst.Arg | None) -> cst.Call:
+        name = self.ctx.require_import(DSD, function)
+        all_args = [cst.Arg(a) if isinstance(a, cst.BaseExpression) else a for a in args]
+        if options is not None:
+            all_args.append(options)
+        return cst.Call(func=cst.Name(name), args=_commas(all_args))
+
+    def get_full(self, function: str, args: list, offload: bool, rank0: bool) -> cst.Call:
+        """A FULL state dict with FSDP1's `offload_to_cpu` / `rank0_only` reproduced exactly."""
+        if offload == rank0:
+            return self.call(function, args, self.options(full_state_dict=True, cpu_offload=offload))
+        sharded = self.call(function, args, None)
+        helper = self.ctx.add_helper(
+            GATHER_HELPER_NAME,
+            _GATHER_HELPER.format(
+                name=GATHER_HELPER_NAME,
+                dtensor=self.ctx.require_import("torch.distributed.tensor", "DTensor"),
+                tensor=self.ctx.require_import("torch", "Tensor"),
+                get_rank=self.ctx.require_import("torch.distributed", "get_rank"),
+            ),
+        )
+        flags = [
+            cst.Arg(cst.Name(str(offload)), keyword=cst.Name("offload_to_cpu"), equal=_NO_SPACE_EQUAL),
+            cst.Arg(cst.Name(str(rank0)), keyword=cst.Name("rank0_only"), equal=_NO_SPACE_EQUAL),
+        ]
+        return cst.Call(func=cst.Name(helper), args=_commas([cst.Arg(sharded), *flags]))
+
+    def get(self, function: str, args: list, kind: str, offload: bool, rank0: bool) -> cst.Call:
+        if kind == FULL:
+            return self.get_full(function, args, offload, rank0)
+        return self.call(function, args, self.options(cpu_offload=offload))
+
+
+_NO_SPACE_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
+def _text(value) -> str:
+    return str(value) if isinstance(value, bool) else "None"
+
+
+def _replace_keyword(call: cst.Call, key: str, value) -> cst.Call:
+    args = [a.with_changes(value=value) if a.keyword is not None and a.keyword.value == key else a for a in call.args]
+    return call.with_changes(args=args)
+
+
+def _commas(args: list) -> list:
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    result = [a.with_changes(comma=comma) for a in args[:-1]]
+    if args:
+        result.append(args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT))
+    return result

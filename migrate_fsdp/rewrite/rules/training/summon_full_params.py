@@ -1,0 +1,226 @@
+"""MF204: `FSDP.summon_full_params(model)` -> reading full parameters with `full_tensor()`.
+
+FSDP1's context manager (fully_sharded_data_parallel.py) all-gathers every
+flat parameter for the block and writes the local shard back afterwards.
+FSDP2 has no such block: a parameter is a DTensor, and `p.full_tensor()`
+all-gathers that one parameter (the seed tutorial's state-dict section,
+/work/shared/seeds/002). The rewrite handles the read-only use it can prove
+safe:
+
+    with FSDP.summon_full_params(model):          for name, p in model.named_parameters():
+        for name, p in model.named_parameters():      p = p.full_tensor()
+            print(name, p.sum())                       print(name, p.sum())
+
+It requires every rank to run the gathering: the loop (or comprehension)
+must sit directly in the `with` block, not under a condition, and its body
+may not `break`/`return` (ranks would stop at different parameters, and the
+collective would hang), and the parameter may only be read (attributes and
+methods that return new values, `print`, f-strings, comparisons...). Anything
+else (writes, `writeback`, `rank0_only=True`, `recurse=False`, `with_grads`,
+other uses of the model inside) is reported with the DTensor way to do it.
+`offload_to_cpu=True` adds `.cpu()`.
+"""
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.rules.training.base import (
+    FSDP2_TOKENS,
+    RemovesStatements,
+    bind,
+    from_template,
+    literal_bool,
+    walk,
+)
+from migrate_fsdp.rewrite.syntax import dotted
+
+_PARAMS = ("module", "recurse", "writeback", "rank0_only", "offload_to_cpu", "with_grads")
+_DEFAULTS = {"recurse": True, "writeback": True, "rank0_only": False, "offload_to_cpu": False, "with_grads": False}
+# What may be done with a gathered parameter without changing it.
+_READ_ATTRIBUTES = frozenset(
+    {
+        "shape", "dtype", "device", "ndim", "requires_grad", "is_leaf", "T", "mT",
+        "size", "dim", "numel", "nelement", "element_size", "sum", "mean", "std", "var", "norm", "abs",
+        "max", "min", "amax", "amin", "argmax", "argmin", "prod", "clone", "detach", "cpu", "cuda", "to",
+        "float", "double", "half", "bfloat16", "tolist", "item", "numpy", "flatten", "view", "reshape",
+        "eq", "ne", "allclose", "isclose", "equal", "isnan", "isinf", "isfinite", "any", "all", "count_nonzero",
+        "contiguous", "square", "sqrt", "pow",
+    }
+)
+_READ_FUNCTIONS = frozenset(
+    {
+        "builtins.print", "builtins.str", "builtins.repr", "builtins.len", "builtins.float", "builtins.int",
+        "builtins.format", "torch.equal", "torch.allclose", "torch.isclose", "torch.norm", "torch.sum",
+        "torch.save", "torch.linalg.vector_norm", "torch.linalg.norm", "torch.isfinite", "torch.isnan",
+    }
+)
+_ITERATORS = ("parameters", "named_parameters")
+# Around a comprehension, these may keep some ranks from gathering.
+_CONDITIONAL = (cst.IfExp, cst.BooleanOperation, cst.Lambda, cst.CompFor, cst.If, cst.For, cst.While, cst.Try, cst.FunctionDef)
+ADVICE = (
+    "FSDP2 has no `summon_full_params`: read a full parameter with `p.full_tensor()` on every rank "
+    "(or `get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))`), and change "
+    "parameters through their local shards (`p.to_local()`) or `set_model_state_dict`"
+)
+
+
+class SummonFullParams(RemovesStatements):
+    code = "MF204"
+    name = "summon-full-params"
+    summary = "FSDP.summon_full_params read-only loops -> p.full_tensor(); other uses reported"
+    tokens = (*FSDP2_TOKENS, b"summon_full_params")
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._plans: dict[int, tuple] = {}  # id(With) -> (item index, {id(loop): suffix})
+
+    def visit_With(self, node: cst.With) -> None:
+        for index, item in enumerate(node.items):
+            if self._is_summon(item.item) and self.fsdp2_ahead(item.item):
+                problem, loops = self._plan(node, item)
+                if problem is None:
+                    self._plans[id(node)] = (index, loops)
+                    self.ctx.mark_converted(item.item)
+                else:
+                    self.ctx.report(item.item, self.code, f"not converted: {problem}; {ADVICE}")
+
+    def leave_Call(self, original: cst.Call, updated):
+        if self._is_summon(original) and not self._in_with_item(original):
+            self.ctx.report(original, self.code, f"used outside a `with` statement; {ADVICE}")
+        return updated
+
+    def _is_summon(self, node) -> bool:
+        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+            return False
+        # Only FSDP1 has it: `FSDP.summon_full_params(m)` or, as a static method, `m.summon_full_params(m)`.
+        return node.func.attr.value == "summon_full_params" and not self.ctx.matches(
+            node.func.value, "torch.distributed.fsdp.FSDPModule"
+        )
+
+    def _in_with_item(self, call) -> bool:
+        stack = self.ctx.stack
+        return len(stack) >= 3 and isinstance(stack[-2], cst.WithItem) and stack[-2].item is call
+
+    def _plan(self, with_node: cst.With, item: cst.WithItem):
+        call = item.item
+        bound = bind(call, _PARAMS)
+        if bound is None or "module" not in bound:
+            return "arguments not understood", None
+        options = dict(_DEFAULTS)
+        for name in _DEFAULTS:
+            if name in bound:
+                options[name] = literal_bool(bound[name].value)
+                if options[name] is None:
+                    return f"`{name}` is not True/False", None
+        unsupported = [f"`{name}={not _DEFAULTS[name]}`" for name in ("recurse", "rank0_only", "with_grads") if options[name] != _DEFAULTS[name]]
+        if unsupported:
+            return f"{', '.join(unsupported)} has no full_tensor() equivalent", None
+        if item.asname is not None:
+            return "the context value is used", None
+        model = dotted(bound["module"].value)
+        if not model or isinstance(with_node.body, cst.SimpleStatementSuite):
+            return "the block is not a plain loop over the model's parameters", None
+        suffix = ".full_tensor().cpu()" if options["offload_to_cpu"] else ".full_tensor()"
+        loops = {}
+        for statement in with_node.body.body:
+            for node, parents in walk(statement):
+                if dotted(node) != model or not isinstance(node, (cst.Name, cst.Attribute)):
+                    continue
+                problem = self._check_use(statement, node, parents)
+                if problem is not None:
+                    return problem, None
+                loops[id(parents[-3])] = suffix
+        if not loops:
+            return "the block does not read the model's parameters", None
+        return None, loops
+
+    def _check_use(self, statement, node, parents) -> str | None:
+        """A use of the model in the block: only `for ... in model.(named_)parameters()` read-only loops pass."""
+        attribute = parents[-1] if parents else None
+        call = parents[-2] if len(parents) >= 2 else None
+        loop = parents[-3] if len(parents) >= 3 else None
+        if not (
+            isinstance(attribute, cst.Attribute)
+            and attribute.attr.value in _ITERATORS
+            and isinstance(call, cst.Call)
+            and not call.args
+        ):
+            return "the block uses the model other than in a loop over its parameters"
+        named = attribute.attr.value == "named_parameters"
+        if isinstance(loop, cst.For) and loop.iter is call and loop is statement:
+            target = _parameter_target(loop.target, named)
+            if target is None or isinstance(loop.body, cst.SimpleStatementSuite):
+                return "the loop target is not `p` / `name, p`"
+            return self._check_reads(loop.body, target, allow_exit=False)
+        if isinstance(loop, cst.CompFor) and loop.iter is call:
+            comprehension = parents[-4]
+            target = _parameter_target(loop.target, named)
+            conditional = any(isinstance(p, _CONDITIONAL) for p in parents[:-3])
+            if target is None or conditional or loop.inner_for_in is not None:
+                return "the comprehension is not a plain one over the parameters"
+            return self._check_reads(comprehension, target, allow_exit=True)
+        return "the parameters are not iterated by a loop at the top of the block (every rank must gather them)"
+
+    def _check_reads(self, scope_node, target: str, allow_exit: bool) -> str | None:
+        for node, parents in walk(scope_node):
+            if isinstance(node, (cst.Break, cst.Return, cst.Raise)) and not allow_exit:
+                return "the loop can stop early on some ranks (`break`/`return`/`raise`)"
+            if isinstance(node, cst.Name) and node.value == target and not self._is_read(node, parents):
+                return f"`{target}` may be changed or kept (writes are not written back by FSDP2)"
+        return None
+
+    def _is_read(self, node, parents) -> bool:
+        parent = parents[-1] if parents else None
+        if isinstance(parent, (cst.CompFor, cst.For)) and parent.target is node:
+            return True
+        if isinstance(parent, cst.Tuple) and len(parents) >= 2 and isinstance(parents[-2], (cst.CompFor, cst.For)):
+            return True
+        if isinstance(parent, cst.Element) and len(parents) >= 3 and isinstance(parents[-3], (cst.CompFor, cst.For)):
+            return True
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            return parent.attr.value in _READ_ATTRIBUTES
+        if isinstance(parent, cst.Arg) and len(parents) >= 2 and isinstance(parents[-2], cst.Call):
+            return self.ctx.matches(parents[-2].func, *_READ_FUNCTIONS)
+        return isinstance(
+            parent, (cst.FormattedStringExpression, cst.Comparison, cst.ComparisonTarget, cst.BinaryOperation, cst.UnaryOperation)
+        )
+
+    def leave_For(self, original: cst.For, updated: cst.For):
+        updated = self.attach_pending(original, updated)
+        suffix = self._suffix(original)
+        if suffix is None:
+            return updated
+        target = _parameter_target(original.target, original.iter.func.attr.value == "named_parameters")
+        gather = cst.parse_statement(f"{target} = {target}{suffix}")
+        body = updated.body
+        return updated.with_changes(body=body.with_changes(body=[gather, *body.body]))
+
+    def leave_CompFor(self, original: cst.CompFor, updated: cst.CompFor):
+        suffix = self._suffix(original)
+        if suffix is None:
+            return updated
+        named = original.iter.func.attr.value == "named_parameters"
+        template = (
+            f"((name, param{suffix}) for name, param in ITER)" if named else f"(param{suffix} for param in ITER)"
+        )
+        return updated.with_changes(iter=from_template(template, ITER=updated.iter))
+
+    def _suffix(self, loop) -> str | None:
+        for plan in self._plans.values():
+            if id(loop) in plan[1]:
+                return plan[1][id(loop)]
+        return None
+
+    def leave_With(self, original: cst.With, updated):
+        updated = self.attach_pending(original, updated)
+        plan = self._plans.pop(id(original), None)
+        return self.unwrap_with(updated, plan[0]) if plan is not None else updated
+
+
+def _parameter_target(target, named: bool) -> str | None:
+    """`p` of `for p in model.parameters()` / `for name, p in model.named_parameters()`."""
+    if not named:
+        return target.value if isinstance(target, cst.Name) else None
+    if isinstance(target, cst.Tuple) and len(target.elements) == 2 and isinstance(target.elements[1].value, cst.Name):
+        return target.elements[1].value.value
+    return None
+

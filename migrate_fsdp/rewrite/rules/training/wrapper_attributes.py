@@ -1,0 +1,61 @@
+"""MF209: attributes of the FSDP1 wrapper that an FSDP2 model does not have.
+
+`fully_shard` shards a module in place and adds only the `FSDPModule`
+methods (torch/distributed/fsdp/_fully_shard/_fully_shard.py); the wrapper's
+own surface (fully_sharded_data_parallel.py: `module`, `check_is_root`,
+`register_comm_hook`, `apply` with its full-parameter gathering, and the
+state it keeps in `_FSDPState`: `process_group`, `sharding_strategy`,
+`params`, `training_state`, ...) is gone. Each use on an FSDP1 model gets
+this code and the FSDP2 way to get the same thing. Attributes DDP or plain
+modules share (`module`, `apply`, `rank`) are only reported on receivers the
+file shows to be FSDP1 models; `check_is_root` only FSDP1 has, so it is
+reported on any receiver.
+"""
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, code_of
+from migrate_fsdp.rewrite.rules.training.models import Kind
+
+_ADVICE = {
+    "module": "FSDP2 wraps nothing: use the model itself (`fully_shard` shards it in place)",
+    "check_is_root": "FSDP2 has no root check: the root is the outermost module `fully_shard` was applied to",
+    "process_group": "use the device mesh given to `fully_shard` (`mesh.get_group()`)",
+    "sharding_strategy": "FSDP2 has none: the strategy is the `reshard_after_forward` and mesh given to `fully_shard`",
+    "params": "FSDP1's flat parameters are gone: use `model.parameters()` (sharded DTensors)",
+    "training_state": "FSDP2 exposes no training state",
+    "compute_device": "use the device of the parameters (`next(model.parameters()).device`) or the mesh's device type",
+    "mixed_precision": "it is the `mp_policy` given to `fully_shard`",
+    "cpu_offload": "it is the `offload_policy` given to `fully_shard`",
+    "backward_prefetch": "FSDP2 always prefetches the next all-gather in backward; tune it with `set_modules_to_backward_prefetch`",
+    "forward_prefetch": "tune forward prefetching with `set_modules_to_forward_prefetch`",
+    "limit_all_gathers": "FSDP2 needs no all-gather rate limiter",
+    "rank": "use `torch.distributed.get_rank()` (or the mesh's `get_local_rank()`)",
+    "world_size": "use `torch.distributed.get_world_size()` (or `mesh.size()`)",
+    "register_comm_hook": "FSDP2 has no communication hooks: see `set_all_reduce_hook`, `set_gradient_divide_factor` and `set_custom_reduce_scatter`",
+    "apply": "FSDP1 gathered full parameters around `apply(fn)`; on FSDP2 `fn` sees sharded DTensors: initialise before `fully_shard`, or make `fn` work on DTensors",
+}
+_FSDP1_ONLY = frozenset({"check_is_root"})
+_CHANGED = frozenset({"apply"})  # nn.Module has it too, without FSDP1's gathering
+
+
+class WrapperAttributes(TrainingRule):
+    code = "MF209"
+    name = "wrapper-attributes"
+    summary = "FSDP1 wrapper attributes (module, process_group, sharding_strategy, ...) reported with FSDP2 advice"
+    tokens = (*FSDP2_TOKENS, b"check_is_root")
+
+    def leave_Attribute(self, original: cst.Attribute, updated):
+        name = original.attr.value
+        if name not in _ADVICE:
+            return updated
+        if self.fsdp_method(original):  # FSDP.check_is_root(model), FSDP.apply(model, fn)
+            what = "works differently" if name in _CHANGED else "does not exist"
+            self.ctx.report(original, self.code, f"`FSDP.{name}` {what} in FSDP2; {_ADVICE[name]}")
+            return updated
+        kind = self.receiver_kind(original)
+        if kind is Kind.FSDP or (name in _FSDP1_ONLY and kind is Kind.UNKNOWN):
+            receiver = code_of(self.ctx, original.value)
+            what = "works differently" if name in _CHANGED else "does not exist"
+            self.ctx.report(original, self.code, f"`{receiver}.{name}` {what} on an FSDP2 model; {_ADVICE[name]}")
+        return updated

@@ -1,0 +1,63 @@
+"""Why a run could not be compared: a crash, a hang, a script that never or too briefly trained."""
+
+from dataclasses import dataclass
+
+from migrate_fsdp.verify import metrics
+
+TAIL_LINES = 15
+
+
+@dataclass
+class RunFailure:
+    side: str
+    message: str  # one line
+    tail: str = ""  # the end of the failing rank's stderr (or of torchrun's output)
+
+
+def _tail(path, lines: int = TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def run_failures(run, steps: int | None, timeout: float) -> list:
+    side = run.side.name
+    name = f"{side} run ({run.side.shown})"
+    done = min((len(rank.steps) for rank in run.ranks), default=0)
+    if run.timed_out:
+        slowest = min(run.ranks, key=lambda r: len(r.steps), default=None)
+        tail = _tail(metrics.stderr_path(run.directory, slowest.rank)) if slowest else ""
+        of = f" of {steps}" if steps else ""
+        return [RunFailure(side, f"{name} hung: still running after --timeout {timeout:g}s, at optimizer step "
+                                 f"{done}{of}; all its processes were killed", tail)]
+    if not run.side.watched:
+        if run.returncode != 0:
+            return [RunFailure(side, f"{name} failed with torchrun exit status {run.returncode}",
+                               _tail(run.torchrun_log))]
+        return []
+    # One rank's crash usually makes the others fail in their next collective; the first error is the cause.
+    errors = sorted((r for r in run.ranks if r.status == "error"), key=lambda r: r.end.get("time", 0))
+    if errors:
+        first, *others = errors
+        failures = [RunFailure(side, f"{name} crashed on rank {first.rank}: {first.end['error']}",
+                               _tail(metrics.stderr_path(run.directory, first.rank)))]
+        failures += [RunFailure(side, f"{name}: rank {r.rank} failed after that: {r.end['error']}") for r in others]
+        return failures
+    exits = [r for r in run.ranks if r.status == "exit"]
+    if exits:
+        return [RunFailure(side, f"{name}: rank {r.rank} exited with status {r.end['exit_code']}",
+                           _tail(metrics.stderr_path(run.directory, r.rank))) for r in exits]
+    if run.returncode != 0:
+        lost = [r.rank for r in run.ranks if r.status == "missing"]
+        where = f"rank {', '.join(map(str, lost))} ended" if lost else "torchrun ended"
+        return [RunFailure(side, f"{name} failed: {where} without a Python error (torchrun exit status "
+                                 f"{run.returncode}; killed by a signal or out of memory?)", _tail(run.torchrun_log))]
+    if done == 0:
+        return [RunFailure(side, f"{name} never called an optimizer's step(): verify compares training steps, "
+                                 "so the script must run at least one")]
+    if steps and done < steps:
+        return [RunFailure(side, f"{name} ended after {done} optimizer steps, before the {steps} asked for; "
+                                 f"pass --steps {done} or make the script train longer")]
+    return []

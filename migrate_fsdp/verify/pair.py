@@ -1,0 +1,47 @@
+"""One comparison: run the old and the new version, then judge them (or say why it could not be done)."""
+
+from dataclasses import dataclass, field
+
+from migrate_fsdp.verify.compare import Verdict, compare
+from migrate_fsdp.verify.faults import RunFailure, run_failures
+from migrate_fsdp.verify.launcher import run_sides
+
+EXIT_PASS, EXIT_PARITY, EXIT_NOT_RUN = 0, 1, 2
+
+
+@dataclass
+class Outcome:
+    name: str  # the fixture's name, or the old script's path
+    launch: object
+    placement: object
+    runs: list = field(default_factory=list)
+    failures: list = field(default_factory=list)
+    verdict: Verdict | None = None
+
+    @property
+    def status(self) -> str:
+        if self.failures or self.verdict is None:
+            return "error"
+        return "pass" if self.verdict.passed else "fail"
+
+    @property
+    def exit_code(self) -> int:
+        return {"pass": EXIT_PASS, "fail": EXIT_PARITY, "error": EXIT_NOT_RUN}[self.status]
+
+
+def not_run(name: str, launch, placement, side: str, message: str) -> Outcome:
+    """An outcome for a pair that failed before anything ran (e.g. the rewrite refused)."""
+    return Outcome(name, launch, placement, failures=[RunFailure(side, message)])
+
+
+def run_pair(name: str, old, new, launch, placement, workdir) -> Outcome:
+    runs = run_sides([old, new], launch, placement, workdir)
+    outcome = Outcome(name, launch, placement, runs)
+    outcome.failures = [f for run in runs for f in run_failures(run, launch.steps, launch.timeout)]
+    if not outcome.failures:
+        outcome.verdict = compare(runs[0], runs[1], launch.steps)
+    return outcome
+
+
+def overall_exit(outcomes: list) -> int:
+    return max((o.exit_code for o in outcomes), default=EXIT_PASS)

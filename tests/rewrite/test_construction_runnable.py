@@ -1,0 +1,187 @@
+"""Runnable proof of the construction rules: rewritten FSDP1 scripts train exactly like the originals.
+
+Every `fixtures/train/*/fsdp1.py` is rewritten into tmp_path; the original
+and the rewrite run side by side on 2 gloo ranks (`tests.support.torchrun`).
+The construction must convert completely (no MF1xx or catch-all diagnostic)
+and the runs must print the same `step N loss L` values and the same
+`sharded CASE [...]` sets of modules FSDP shards on its own.
+
+The meta-device flow (sync_module_states) cannot run FSDP1 on CPU (FSDP1
+needs a GPU for it), so there only the rewrite runs, and must end with rank
+0's weights and buffers on every rank.
+"""
+
+import pathlib
+import re
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from migrate_fsdp.rewrite.api import rewrite_source
+from migrate_fsdp.rewrite.selection import LEFTOVER, Selection
+from tests.support import FIXTURES, step_lines, torchrun
+
+SCRIPTS = sorted((FIXTURES / "train").glob("*/fsdp1.py"))
+
+# bf16 mixed precision with gradient accumulation: FSDP1 accumulates the
+# unsharded gradients in bf16, FSDP2 in fp32 (reduce_dtype), so the losses
+# drift apart by design; `verify` holds that pair to a principled tolerance.
+# Here it must still run and stay close.
+NOT_BIT_EXACT = {"bf16_grad_accum": 2e-2}
+_STEP = re.compile(r"^step (\S+) loss (\S+)")
+
+# Runs several training scripts in one torchrun launch (each launch costs
+# ~10 s of start-up here): one process group for all, each script's own
+# init/destroy calls made no-ops, a marker line before each script's output.
+BATCH_DRIVER = """
+import importlib.util
+import sys
+
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+dist.init_process_group = lambda *args, **kwargs: None
+destroy, dist.destroy_process_group = dist.destroy_process_group, lambda *args, **kwargs: None
+for index, path in enumerate(sys.argv[1:]):
+    if dist.get_rank() == 0:
+        print(f"== {path}", flush=True)
+    spec = importlib.util.spec_from_file_location(f"script{index}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.argv = [path]
+    module.main()
+    dist.barrier()
+destroy()
+"""
+
+
+def _rewrite(script, out_dir):
+    """The rewrite of `script` in `out_dir`, and the construction diagnostics it left."""
+    result = rewrite_source(script.read_bytes(), str(script))
+    ours = [str(d) for d in result.diagnostics if d.code.startswith("MF1") or d.code == LEFTOVER]
+    if not result.diagnostics:  # nothing reported: no FSDP1 reference may remain
+        leftovers = rewrite_source(result.new_source, "rewritten.py", Selection(frozenset({LEFTOVER})), todo=False)
+        ours += [str(d) for d in leftovers.diagnostics]
+    assert "migrate_fsdp" not in result.code
+    assert not re.search(r"^\s*(from|import) torch\.distributed\.fsdp\.wrap\b", result.code, re.M)
+    rewritten = out_dir / f"{script.parent.name}.py"
+    rewritten.write_bytes(result.new_source)
+    return rewritten, ours
+
+
+def _by_script(stdout: str) -> dict[str, str]:
+    parts = re.split(r"^== (.+)$", stdout, flags=re.M)
+    return {pathlib.Path(path).parent.name if path.endswith("fsdp1.py") else pathlib.Path(path).stem: text for path, text in zip(parts[1::2], parts[2::2])}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every fixture script and its rewrite, run in two launches side by side: {name: (diagnostics, original, rewrite)}."""
+    out_dir = tmp_path_factory.mktemp("rewritten")
+    driver = out_dir / "batch_driver.py"
+    driver.write_text(BATCH_DRIVER)
+    rewrites = {script.parent.name: _rewrite(script, out_dir) for script in SCRIPTS}
+    clean = [script for script in SCRIPTS if not rewrites[script.parent.name][1]]
+    with ThreadPoolExecutor(2) as pool:
+        original, converted = pool.map(
+            lambda scripts: torchrun(driver, *scripts, timeout=900),
+            [clean, [rewrites[script.parent.name][0] for script in clean]],
+        )
+    originals, conversions = _by_script(original.stdout), _by_script(converted.stdout)
+    return {name: (diagnostics, originals.get(name), conversions.get(name)) for name, (_, diagnostics) in rewrites.items()}
+
+
+def _losses(stdout):
+    return [_STEP.match(line).groups() for line in step_lines(stdout)]
+
+
+def _units(stdout):
+    return [line for line in stdout.splitlines() if line.startswith("sharded ")]
+
+
+@pytest.mark.parametrize("name", [s.parent.name for s in SCRIPTS])
+def test_rewrite_trains_like_fsdp1(name, runs):
+    diagnostics, original, converted = runs[name]
+    assert diagnostics == [], "construction left FSDP1 code behind:\n" + "\n".join(diagnostics)
+    expected, got = _losses(original), _losses(converted)
+    assert expected and [step for step, _ in got] == [step for step, _ in expected]
+    tolerance = NOT_BIT_EXACT.get(name)
+    if tolerance is None:
+        assert got == expected  # bit-exact: repr of every loss
+    else:
+        for (_, want), (_, have) in zip(expected, got):
+            assert float(have) == pytest.approx(float(want), rel=tolerance)
+    assert _units(converted) == _units(original)
+
+
+META_INIT_FSDP1 = '''
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.randn(8), persistent=False)
+
+    def forward(self, x):
+        return self.linear(x) * self.scale
+
+
+def digest(model):
+    full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+    return [round(float(t.double().sum()), 10) for t in [*full, *model.buffers()]]
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    device = torch.device("cpu")
+    torch.manual_seed(rank)  # every rank draws different weights: only rank 0's may survive
+    if rank == 0:
+        model = nn.Sequential(Block(), Block())
+        print("digest before", digest(model))
+    else:
+        with torch.device("meta"):
+            model = nn.Sequential(Block(), Block())
+    model = FSDP(
+        model,
+        auto_wrap_policy=ModuleWrapPolicy({Block}),
+        device_id=device,
+        sync_module_states=True,
+        param_init_fn=(lambda m: m.to_empty(device=device, recurse=False)) if rank != 0 else None,
+    )
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, digest(model))
+    if rank == 0:
+        for ranked in gathered:
+            print("digest after", ranked)
+    loss = model(torch.ones(2, 8)).sum()
+    loss.backward()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_meta_init_rewrite_takes_rank0_weights(tmp_path):
+    script = tmp_path / "meta_init_fsdp1.py"
+    script.write_text(textwrap.dedent(META_INIT_FSDP1))
+    rewritten, diagnostics = _rewrite(script, tmp_path)
+    assert diagnostics == []
+    code = rewritten.read_text()
+    assert "set_model_state_dict" in code and "to_empty" in code
+    lines = torchrun(rewritten).stdout.splitlines()
+    before = [line.removeprefix("digest before ") for line in lines if line.startswith("digest before ")]
+    after = [line.removeprefix("digest after ") for line in lines if line.startswith("digest after ")]
+    assert len(before) == 1 and len(after) == 2
+    assert set(after) == set(before)

@@ -1,0 +1,43 @@
+"""Bad invocations: one line on stderr, exit 2, before anything is launched."""
+
+import pytest
+
+from tests.verify.helpers import TRAIN, verify
+
+OLD = TRAIN / "full_shard" / "fsdp1.py"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--new", OLD], "--new and script arguments need OLD.py"),
+        (["--", "--lr", "1"], "--new and script arguments need OLD.py"),
+        ([OLD, "--fixture", "full_shard"], "--fixture and --hand-written apply to the fixture suite"),
+        (["missing.py"], "missing.py: no such file"),
+        ([OLD, "--new", "missing.py"], "missing.py: no such file"),
+        ([OLD, "--new", OLD, "--report", "no/such/dir/r.json"], "no/such/dir/r.json: its directory does not exist"),
+        (["--fixture", "nope"], "no fixture named nope; known: "),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    done = verify(*args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("migrate-fsdp verify: error: ") and message in lines[0]
+
+
+def test_usage_errors_are_clicks_exit_2():
+    done = verify("--steps", "0")
+    assert done.returncode == 2 and "Invalid value for '--steps'" in done.stderr
+
+
+def test_help_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from click.testing import CliRunner; from migrate_fsdp.cli import main; "
+            "r = CliRunner().invoke(main, ['verify', '--help']); assert r.exit_code == 0, r.output; "
+            "assert '--rdzv-endpoint' in r.output; assert 'torch' not in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,77 @@
+"""Runs that cannot be compared: each is reported with its side, rank and stderr, and nothing is left running.
+
+These launch real torchrun jobs with 2 gloo ranks.
+"""
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from migrate_fsdp.verify.faults import run_failures
+from migrate_fsdp.verify.launcher import Side, run_sides
+from tests.verify.helpers import CPU, SCRIPTS, launch, verify
+
+FAULTY = SCRIPTS / "faulty.py"
+
+
+def one_side(tmp_path, *args, steps=3, timeout=60.0):
+    the_launch = launch(steps)
+    the_launch.timeout = timeout
+    [run] = run_sides([Side("old", FAULTY, list(args), shown="faulty.py")], the_launch, CPU, tmp_path)
+    return run, run_failures(run, steps, timeout)
+
+
+def processes_with(tag: str) -> list:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if tag.encode() in cmdline.read_bytes():
+                found.append(cmdline.parent.name)
+        except OSError:
+            pass
+    return found
+
+
+def test_a_crashing_rank_is_reported_with_side_rank_and_stderr_tail(tmp_path):
+    done = verify(FAULTY, "--new", FAULTY, "--steps", "3", "--logs", tmp_path, "--", "--fault", "crash")
+    assert done.returncode == 2, done.stdout + done.stderr
+    message = "old run (" + str(FAULTY) + ") crashed on rank 1: RuntimeError: injected failure on rank 1"
+    assert done.stderr == f"migrate-fsdp verify: error: {message}\n"
+    assert message in done.stdout
+    assert "    | RuntimeError: injected failure on rank 1" in done.stdout  # the rank's own traceback
+    assert "new run (" in done.stdout and done.stdout.rstrip().endswith("verdict: NOT RUN")
+    assert (tmp_path / "old" / "rank1.stderr").read_text().count("Traceback") == 1  # --logs keeps them
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="process accounting reads /proc")
+def test_a_hang_is_killed_at_the_timeout_with_every_process(tmp_path):
+    tag = uuid.uuid4().hex
+    run, failures = one_side(tmp_path, "--fault", "hang", "--tag", tag, timeout=12)
+    assert run.timed_out
+    assert [f.message for f in failures] == [
+        "old run (faulty.py) hung: still running after --timeout 12s, at optimizer step 1 of 3; "
+        "all its processes were killed"]
+    assert processes_with(tag) == []
+
+
+def test_a_script_that_never_steps_an_optimizer(tmp_path):
+    run, failures = one_side(tmp_path, "--fault", "no-step")
+    assert run.returncode == 0
+    assert [f.message for f in failures] == [
+        "old run (faulty.py) never called an optimizer's step(): verify compares training steps, "
+        "so the script must run at least one"]
+
+
+def test_a_script_that_stops_before_the_steps_asked_for(tmp_path):
+    _, failures = one_side(tmp_path, "--fault", "short", steps=4)
+    assert [f.message for f in failures] == [
+        "old run (faulty.py) ended after 2 optimizer steps, before the 4 asked for; "
+        "pass --steps 2 or make the script train longer"]
+
+
+def test_a_healthy_run_stops_cleanly_after_the_steps_asked_for(tmp_path):
+    run, failures = one_side(tmp_path, "--fault", "none", steps=3)
+    assert failures == [] and run.returncode == 0 and not run.timed_out
+    assert [r.status for r in run.ranks] == ["stopped", "stopped"]
+    assert [len(r.steps) for r in run.ranks] == [3, 3]

@@ -1,0 +1,67 @@
+"""The FSDP2 side made by our rewrite: written to a temporary place, refused when the rewrite is incomplete."""
+
+import sys
+import types
+from dataclasses import dataclass, field
+
+import pytest
+
+from migrate_fsdp.verify.errors import VerifyError
+from migrate_fsdp.verify.rewrite_side import rewritten_side
+
+
+@dataclass
+class Result:
+    code: str
+    changed: bool = True
+    diagnostics: list = field(default_factory=list)
+
+
+class Diag:
+    def __init__(self, text):
+        self.text = text
+
+    def __str__(self):
+        return self.text
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """A stand-in for migrate_fsdp.rewrite.api with a result the test chooses."""
+    module = types.ModuleType("migrate_fsdp.rewrite.api")
+    module.result = None
+    module.rewrite_source = lambda source, path: module.result
+    monkeypatch.setitem(sys.modules, "migrate_fsdp.rewrite.api", module)
+    return module
+
+
+def script(tmp_path):
+    path = tmp_path / "src" / "train.py"
+    path.parent.mkdir()
+    path.write_text("model = FSDP(model)\r\n", newline="")
+    return path
+
+
+def test_rewrite_goes_to_the_workdir_and_runs_beside_the_original(tmp_path, engine):
+    engine.result = Result("model = fully_shard(model)\r\n")
+    side = rewritten_side(script(tmp_path), ["--lr", "1"], tmp_path / "work")
+    assert side.name == "new" and side.args == ["--lr", "1"]
+    assert side.script == tmp_path / "work" / "rewrite" / "train.py"
+    assert side.script.read_bytes() == b"model = fully_shard(model)\r\n"
+    assert side.sys_path == tmp_path / "src"
+
+
+def test_unconverted_uses_refuse_the_run_and_are_listed(tmp_path, engine):
+    engine.result = Result("x", diagnostics=[Diag("train.py:3:1: MF001 a"), Diag("train.py:9:5: MF002 b")])
+    with pytest.raises(VerifyError) as error:
+        rewritten_side(script(tmp_path), [], tmp_path / "work")
+    message = str(error.value)
+    assert "2 FSDP1 use(s)" in message and "train.py:3:1: MF001 a; train.py:9:5: MF002 b" in message
+    assert "\n" not in message
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_script_without_fsdp1_is_refused(tmp_path, engine):
+    engine.result = Result("x", changed=False)
+    with pytest.raises(VerifyError, match="no FSDP1 code"):
+        rewritten_side(script(tmp_path), [], tmp_path / "work")
