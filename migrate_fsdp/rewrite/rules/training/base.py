@@ -170,7 +170,7 @@ _PENDING_KEY = "training.pending_comments"
 
 
 class RemovesStatements(TrainingRule):
-    """Removing whole statements without losing the comments above them.
+    """Removing whole statements without losing the comments above or after them.
 
     A removed statement's comment lines move onto the statement that follows
     it in the same block (or to the block's end), so every statement kind
@@ -180,11 +180,18 @@ class RemovesStatements(TrainingRule):
 
     def remove_statement(self, original):
         comments = [line for line in original.leading_lines if line.comment is not None]
+        trailing = original.trailing_whitespace.comment
+        if trailing is not None:  # `cfg = FullStateDictConfig(...)  # why`: the comment goes on its own line
+            comments.append(cst.EmptyLine(comment=trailing))
+        self._defer_comments(comments)
+        self.ctx.mark_converted(original)
+        return cst.RemoveFromParent()
+
+    def _defer_comments(self, comments: list) -> None:
+        """Comment lines of the statement being left, for the next statement of its block (or the block's end)."""
         if comments:
             block = self.ctx.stack[-2] if len(self.ctx.stack) >= 2 else None
             self.ctx.facts.setdefault(_PENDING_KEY, {}).setdefault(id(block), []).extend(comments)
-        self.ctx.mark_converted(original)
-        return cst.RemoveFromParent()
 
     def _take_pending(self, block) -> list:
         return self.ctx.facts.get(_PENDING_KEY, {}).pop(id(block), [])
@@ -228,21 +235,24 @@ class RemovesStatements(TrainingRule):
         pending = self._take_pending(original)
         return updated.with_changes(footer=[*pending, *updated.footer]) if pending else updated
 
-    @staticmethod
-    def unwrap_with(updated: cst.With, item_index: int):
-        """`updated` without its item `item_index`; the body spliced in its place when it was the only item."""
+    def unwrap_with(self, updated: cst.With, item_index: int):
+        """`updated` without its item `item_index`; the body spliced in its place when it was the only item.
+
+        Called from `leave_With`; the comments closing the body go after the spliced statements.
+        """
         if len(updated.items) > 1:
             items = [item for index, item in enumerate(updated.items) if index != item_index]
             items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             return updated.with_changes(items=items)
         body = updated.body
         if isinstance(body, cst.SimpleStatementSuite):
-            statements = [cst.SimpleStatementLine(body=body.body)]
+            statements = [cst.SimpleStatementLine(body=body.body, trailing_whitespace=body.trailing_whitespace)]
         else:
             statements = list(body.body)
             if body.header.comment is not None:
                 statements[0] = statements[0].with_changes(
                     leading_lines=[cst.EmptyLine(comment=body.header.comment), *statements[0].leading_lines]
                 )
+            self._defer_comments([line for line in body.footer if line.comment is not None])
         statements[0] = statements[0].with_changes(leading_lines=[*updated.leading_lines, *statements[0].leading_lines])
         return cst.FlattenSentinel(statements)

@@ -1,4 +1,4 @@
-"""MF210: a class deriving from FullyShardedDataParallel.
+"""MF210: a class deriving from FullyShardedDataParallel, and the places that build one.
 
 FSDP2 has no wrapper class to derive from: `fully_shard(module)` changes the
 module's own class to a generated `FSDP<Cls>(Cls, FSDPModule)` (the
@@ -6,18 +6,24 @@ module's own class to a generated `FSDP<Cls>(Cls, FSDPModule)` (the
 What a subclass overrides (forward, state-dict hooks, extra attributes)
 must move onto the module class, or into a function run around
 `fully_shard`; no mechanical rewrite can choose, so the base is reported.
+
+The other rules treat instances of such a class as FSDP1 models and move
+their uses to FSDP2 (`fsdp2_no_sync(m)`, `clip_grad_norm_(m.parameters())`),
+which is right once the class is gone; until then each `Sub(module)` still
+builds an FSDP1 wrapper those calls do not work on. So every place that
+builds one is reported too: that is where `fully_shard` goes.
 """
 
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule
-from migrate_fsdp.rewrite.rules.training.models import FSDP_CLASS
+from migrate_fsdp.rewrite.rules.training.models import FSDP_CLASS, assignments_of
 
 
 class FsdpSubclass(TrainingRule):
     code = "MF210"
     name = "fsdp-subclass"
-    summary = "class X(FullyShardedDataParallel) reported: FSDP2 has no wrapper class to subclass"
+    summary = "class X(FullyShardedDataParallel) and X(...) reported: FSDP2 has no wrapper class to subclass"
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         for base in node.bases:
@@ -29,3 +35,19 @@ class FsdpSubclass(TrainingRule):
                     "turns the module's own class into an FSDPModule; move the overrides onto the module class "
                     "and call `fully_shard` on it",
                 )
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not isinstance(node.func, cst.Name):
+            return
+        assigned = assignments_of(self.ctx.scope(node.func), node.func.value)
+        if any(isinstance(a.node, cst.ClassDef) and self._derives_from_fsdp(a.node) for a in assigned):
+            self.ctx.report(
+                node,
+                self.code,
+                f"`{node.func.value}(...)` builds an FSDP1 wrapper (a subclass of it), while the rest of the file "
+                "now uses the result as an FSDP2 model: once the subclass's overrides are on the module class, "
+                "call `fully_shard` on the module here",
+            )
+
+    def _derives_from_fsdp(self, node: cst.ClassDef) -> bool:
+        return any(self.ctx.matches(base.value, FSDP_CLASS) for base in node.bases)

@@ -146,16 +146,27 @@ class OptimStateDict(UsesStateDictPlan):
         return self._load(original, updated, bound, settings.kind, broadcast, bound["optim"], load_directly)
 
     def _bind_to_load(self, call: cst.Call):
-        """The arguments by name, for the current `(model, optim, osd)` or the legacy `(osd, model, optim)` order."""
-        current = bind(call, _TO_LOAD)
-        if current is not None and {"model", "optim", "optim_state_dict"} <= current.keys():
-            positional = [a for a in call.args if a.keyword is None]
-            if len(positional) < 2 or self._is_model(positional[0].value) or not self._is_model(positional[1].value):
-                return current
-        legacy = bind(call, _TO_LOAD_LEGACY)
-        if legacy is not None and {"model", "optim", "optim_state_dict"} <= legacy.keys():
+        """The arguments by name, for the current `(model, optim, osd)` or the legacy `(osd, model, optim)` order.
+
+        Positional arguments fit both orders; they are told apart by which one
+        is the model, else by which one is the optimizer the result is loaded
+        into (`o.load_state_dict(FSDP.optim_state_dict_to_load(osd, m, o))`).
+        """
+        needed = {"model", "optim", "optim_state_dict"}
+        current, legacy = bind(call, _TO_LOAD), bind(call, _TO_LOAD_LEGACY)
+        current = current if current is not None and needed <= current.keys() else None
+        legacy = legacy if legacy is not None and needed <= legacy.keys() else None
+        if current is None or legacy is None or current["model"] is legacy["model"]:
+            return current or legacy
+        if self._is_model(current["model"].value):
+            return current
+        if self._is_model(legacy["model"].value):
             return legacy
-        return None
+        found = self._find_consumer(call, self.ctx.stack, None)
+        loader = dotted(found[1]) if found is not None else ""
+        if loader and loader == dotted(legacy["optim"].value) != dotted(current["optim"].value):
+            return legacy
+        return current
 
     def _is_model(self, node) -> bool:
         """Whether `node` is the model of this call: an FSDP1 model, or the model of the state-dict context."""
@@ -199,10 +210,24 @@ class OptimStateDict(UsesStateDictPlan):
         return call
 
     def _consumer(self, original, stack, optim_arg):
-        """How the loaded dict reaches `optim.load_state_dict`: ("nested"|"assigned", optimizer node) or None."""
+        """How the loaded dict reaches `optim.load_state_dict`: ("nested"|"assigned", optimizer node) or None.
+
+        For "assigned", the assignment becomes a bare call and the `load_state_dict` line goes.
+        """
+        found = self._find_consumer(original, stack, optim_arg)
+        if found is None:
+            return None
+        mode, optim, statement, follower = found
+        if mode == "assigned":
+            self._to_expression.add(id(statement))
+            self._removed.add(id(follower))
+        return mode, optim
+
+    def _find_consumer(self, original, stack, optim_arg):
+        """(mode, optimizer node, assignment line, `load_state_dict` line) for `_consumer`, changing nothing."""
         parent, grandparent = stack[-2], stack[-3] if len(stack) >= 3 else None
         if isinstance(parent, cst.Arg) and self._is_load_state_dict(grandparent, optim_arg) and len(grandparent.args) == 1:
-            return "nested", grandparent.func.value
+            return "nested", grandparent.func.value, None, None
         statement = self.ctx.statement()
         if not (
             isinstance(parent, cst.Assign)
@@ -221,9 +246,7 @@ class OptimStateDict(UsesStateDictPlan):
         follower = self._follower(statement, references[0].node, optim_arg)
         if follower is None:
             return None
-        self._to_expression.add(id(statement))
-        self._removed.add(id(follower))
-        return "assigned", follower.body[0].value.func.value
+        return "assigned", follower.body[0].value.func.value, statement, follower
 
     def _follower(self, statement, reference, optim_arg):
         """The later `optim.load_state_dict(osd)` line in the same block that uses `reference`."""

@@ -56,6 +56,19 @@ LEGACY_OPTIM_METHODS = (
 )
 OPTIM_METHODS = CONTEXT_OPTIM_METHODS + LEGACY_OPTIM_METHODS
 _INSPECTING = ("builtins.isinstance", "builtins.type", "builtins.id", "builtins.print")
+# FSDP2's state-dict calls take their options explicitly, so a setting around them changes nothing: a
+# block that stays (reported) around calls already converted reads the same on a second run.
+_EXPLICIT = tuple(
+    f"{DSD}.{name}"
+    for name in (
+        "get_model_state_dict",
+        "set_model_state_dict",
+        "get_optimizer_state_dict",
+        "set_optimizer_state_dict",
+        "get_state_dict",
+        "set_state_dict",
+    )
+)
 
 # Config class -> (state-dict type it belongs to, is for the optimizer, field order).
 _CONFIGS = {
@@ -155,11 +168,12 @@ class StateDictPlan:
         if failure is None and not context.model:
             failure = "the model is not a plain name or attribute chain"
         if failure is None and statement is None:
-            failure = (
-                "`FSDP.state_dict_type` outside a `with` statement"
-                if method == "state_dict_type"
-                else "`FSDP.set_state_dict_type` not a statement of its own in a function or module body"
-            )
+            if method == "set_state_dict_type":
+                failure = "`FSDP.set_state_dict_type` not a statement of its own in a function or module body"
+            elif isinstance(stack[-2], cst.WithItem) and stack[-2].asname is not None:
+                failure = "it is bound by `with ... as`, a name this rule would have to remove"
+            else:
+                failure = "`FSDP.state_dict_type` outside a `with` statement"
         if context.model:
             problem = self._check_region(context, region, method, stack, optim_rule_selected)
             failure = failure or problem
@@ -332,9 +346,10 @@ class StateDictPlan:
         return f"`{text if len(text) <= 60 else text[:57] + '...'}`"
 
     def _reads_only(self, call) -> bool:
-        """Calls that take the model without keeping it: FSDP's own, and type checks."""
+        """Calls that take the model without keeping it or reading the setting: FSDP's own, type checks, FSDP2's."""
         return isinstance(call, cst.Call) and (
-            self._fsdp_method(call.func) is not None or self.ctx.matches(call.func, FSDP_CLASS, *_INSPECTING)
+            self._fsdp_method(call.func) is not None
+            or self.ctx.matches(call.func, FSDP_CLASS, *_INSPECTING, *_EXPLICIT)
         )
 
     def _plan_config_statements(self) -> None:
