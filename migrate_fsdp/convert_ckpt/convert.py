@@ -46,8 +46,11 @@ def _validate(options: Options) -> None:
         raise ConvertError("--shards must be at least 1")
     if options.shards > 1 and options.to != DCP:
         raise ConvertError("--shards pre-splits a DCP checkpoint; it needs --to dcp")
-    if os.path.abspath(options.src) == os.path.abspath(options.dst):
+    src, dst = os.path.realpath(options.src), os.path.realpath(options.dst)
+    if src == dst:
         raise ConvertError("DST is SRC; write the conversion somewhere else")
+    if src.startswith(os.path.join(dst, "")):  # replacing DST (--force) would delete SRC, and whatever else is there
+        raise ConvertError(f"DST {options.dst} is a directory holding SRC; write the conversion somewhere else")
     check_destination(options.dst, options.force)
 
 
@@ -112,7 +115,10 @@ def _plan(options: Options, err):
         model = cast_model(model, CAST_TARGETS[options.dtype])
     plan = plan_outputs(checkpoint, model, optimizer, options.to, options.layout, options.only_model, options.dst)
     if checkpoint.model is None and checkpoint.optimizer is None and not options.quiet:
-        err.write("note: no model or optimizer state found; converting the structure as it is (keys not renamed)\n")
+        err.write(
+            "note: no model or optimizer state found; converting the structure as it is (keys not renamed, "
+            "no loading snippet); name them with --model-key / --optim-key\n"
+        )
     return source, plan, sharded_tensor_ids(model, optimizer)
 
 

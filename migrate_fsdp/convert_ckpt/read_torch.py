@@ -6,11 +6,19 @@ reader parses each torch.save blob inside a DCP .distcp file.
 """
 
 import os
-import re
+import pickletools
 
-from migrate_fsdp.convert_ckpt.errors import ConvertError, Refused, UnsafePickle
+from migrate_fsdp.convert_ckpt.errors import ConvertError, Refused
 from migrate_fsdp.convert_ckpt.fileio import pread_exact
-from migrate_fsdp.convert_ckpt.safe_unpickle import NUMPY_ALLOWED, STDLIB_ALLOWED, import_global, unpickle
+from migrate_fsdp.convert_ckpt.safe_unpickle import (
+    NUMPY_ALLOWED,
+    STDLIB_ALLOWED,
+    check_allowed,
+    import_global,
+    refuse_non_full,
+    scan_globals,
+    unpickle,
+)
 from migrate_fsdp.convert_ckpt.tensors import BufferStorage, FileStorage, StoredTensor
 from migrate_fsdp.convert_ckpt.zipfmt import read_records
 
@@ -48,33 +56,66 @@ def read_torch_zip(path: str, allow_unsafe: bool = False):
 
 
 def read_torch_legacy(path: str, allow_unsafe: bool = False):
-    """A pre-1.6 torch.save file, loaded whole by torch (its layout has no index to read from)."""
+    """A pre-1.6 torch.save file, loaded whole by torch (its layout has no index to read from).
+
+    Its checkpoint pickle is scanned first, as a zip file's data.pkl is, so both formats get the same
+    allow-list, the same refusals and the same errors; torch's weights_only loader then runs it.
+    """
     import pickle
 
     import torch
 
-    allowed = [import_global(module, name) for module, names in STDLIB_ALLOWED.items() for name in names]
-    for dotted in NUMPY_ALLOWED:
-        try:
-            allowed.append(import_global(*dotted.rsplit(".", 1)))
-        except (ImportError, AttributeError):
-            pass
+    names, strings = scan_globals(_legacy_pickle(path), path)
+    refuse_non_full(names, strings, path)
+    check_allowed(names, allow_unsafe, path)
     try:
-        with torch.serialization.safe_globals(allowed):
+        with torch.serialization.safe_globals(_torch_safe_globals()):
             loaded = torch.load(path, map_location="cpu", weights_only=not allow_unsafe)
     except pickle.UnpicklingError as error:
-        message = str(error)
-        if "ShardedTensor" in message:
-            raise Refused(
-                f"{path} holds ShardedTensor values (an FSDP1 SHARDED_STATE_DICT): save it with dcp.save"
-            ) from None
-        unsafe = re.findall(r"GLOBAL ([\w.]+)", message)
-        if unsafe:
-            raise UnsafePickle(unsafe) from None
-        raise ConvertError(f"{path}: {message.splitlines()[0]}") from None
-    except (RuntimeError, EOFError) as error:
-        raise ConvertError(f"{path} is truncated or corrupt: {str(error).splitlines()[0]}") from None
+        raise ConvertError(f"{path}: torch.load refused it: {_reason(str(error))}") from None
+    except (RuntimeError, EOFError, ValueError) as error:  # how torch fails on a cut-off legacy file
+        raise ConvertError(f"{path} is truncated or corrupt: {_reason(str(error)) or type(error).__name__}") from None
     return _from_torch(loaded, torch)
+
+
+def _legacy_pickle(path: str) -> bytes:
+    """The checkpoint's pickle: the fourth of a legacy file's pickles, after its magic number, protocol version
+    and system info; read opcode by opcode, nothing unpickled."""
+    with open(path, "rb") as file:
+        for _ in range(4):
+            start = file.tell()
+            try:
+                for opcode, _, _ in pickletools.genops(file):
+                    if opcode.name == "STOP":
+                        break
+            except ValueError as error:
+                raise ConvertError(f"{path} is truncated or corrupt: {error}") from None
+        end = file.tell()
+        file.seek(start)
+        return file.read(end - start)
+
+
+def _torch_safe_globals() -> list:
+    """The allow-list for torch's weights_only loader, numpy's functions under both the names numpy 1 and 2
+    pickles give them (torch matches a global by name)."""
+    allowed: list = [import_global(module, name) for module, names in STDLIB_ALLOWED.items() for name in names]
+    try:
+        import numpy
+    except ImportError:
+        return allowed
+    for dotted in NUMPY_ALLOWED:
+        allowed.append((import_global(*dotted.rsplit(".", 1)), dotted))
+    return allowed + [getattr(numpy.dtypes, name) for name in dir(numpy.dtypes) if name.endswith("DType")]
+
+
+def _reason(message: str) -> str:
+    """The line of torch's multi-line load error that says what went wrong."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    for index, line in enumerate(lines):
+        if "WeightsUnpickler error:" in line:
+            detail = line.split("WeightsUnpickler error:", 1)[1].strip()
+            return detail or (lines[index + 1] if index + 1 < len(lines) else line)
+    return lines[0] if lines else ""
 
 
 def _from_torch(value, torch):

@@ -39,6 +39,7 @@ NUMPY_ALLOWED = {
     "numpy.core.multiarray.scalar",
     "numpy._core.multiarray.scalar",
 }
+_MODULE_CLASSES = ("torch.nn.modules.", "torch.nn.parallel.", "torch.distributed.fsdp.")
 _TORCH_VALUES = {"Tensor", "contiguous_format", "channels_last", "channels_last_3d", "preserve_format", "strided"}
 
 SHARDED_TENSOR = "torch.distributed._shard.sharded_tensor"
@@ -68,7 +69,7 @@ _GET_OPS = {"GET", "BINGET", "LONG_BINGET"}
 _PUT_OPS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
 
-def scan_globals(data: bytes) -> tuple[set[str], set[str]]:
+def scan_globals(data: bytes, what: str) -> tuple[set[str], set[str]]:
     """The globals a pickle names and the strings it holds, read from its opcodes without running it.
 
     STACK_GLOBAL takes its module and name from the two strings pushed just
@@ -101,7 +102,7 @@ def scan_globals(data: bytes) -> tuple[set[str], set[str]]:
             elif op not in ("FRAME", "PROTO"):
                 last = None
     except ValueError as error:
-        raise ConvertError(f"corrupt pickle: {error}") from None
+        raise ConvertError(f"{what} is truncated or corrupt: {error}") from None
     return names, strings
 
 
@@ -134,10 +135,17 @@ def refuse_non_full(names: set[str], strings: set[str], what: str) -> None:
             raise Refused(f"{what} holds quantized tensors, which convert-ckpt does not convert")
 
 
-def check_allowed(names: set[str], allow_unsafe: bool, also_allowed=frozenset()) -> None:
+def check_allowed(names: set[str], allow_unsafe: bool, what: str, also_allowed=frozenset()) -> None:
     if allow_unsafe:
         return
     unsafe = [n for n in names if n not in also_allowed and not is_allowed(n)]
+    modules = sorted(n for n in unsafe if n.startswith(_MODULE_CLASSES))
+    if modules:  # torch.save(model): --unsafe-pickle would only get as far as "not a state dict"
+        raise Refused(
+            f"{what} holds pickled nn.Modules ({', '.join(modules[:3])}{', ...' if len(modules) > 3 else ''}), "
+            "as torch.save(model) writes, not a state dict: save model.state_dict() (and the optimizer state) "
+            "in a dict instead"
+        )
     if unsafe:
         raise UnsafePickle(unsafe)
 
@@ -300,10 +308,10 @@ def unpickle(data: bytes, storage, what: str, allow_unsafe: bool = False, extra_
     (the DCP metadata classes); such a pickle is metadata, not a checkpoint, and
     is not classified.
     """
-    names, strings = scan_globals(data)
+    names, strings = scan_globals(data, what)
     if extra_globals is None:
         refuse_non_full(names, strings, what)
-    check_allowed(names, allow_unsafe, {f"{m}.{n}" for m, n in (extra_globals or {})})
+    check_allowed(names, allow_unsafe, what, {f"{m}.{n}" for m, n in (extra_globals or {})})
     try:
         return SafeUnpickler(data, storage, allow_unsafe, extra_globals).load()
     except ConvertError:

@@ -44,10 +44,11 @@ def _compose(model_path, optim_path) -> str:
 
 
 def loading_snippet(plan: Plan, dst: str, torchtitan: bool) -> str | None:
+    """None when there is nothing to show: no DCP output, or no model or optimizer found to load into."""
     dcp_outputs = [o for o in plan.outputs if o.kind == DCP]
-    if not dcp_outputs:
-        return None
     has_model, has_optim = plan.model_path is not None, plan.optim_path is not None
+    if not dcp_outputs or not (has_model or has_optim):
+        return None
     options = ", options=StateDictOptions(flatten_optimizer_state_dict=True)" if torchtitan else ""
     names = (
         (["get_model_state_dict", "set_model_state_dict"] if has_model else [])
@@ -86,5 +87,8 @@ def loading_snippet(plan: Plan, dst: str, torchtitan: bool) -> str | None:
             "a tensor of the same shape) before dcp.load"
         )
     elif plan.extras:
-        lines.append(f"# {extras}: in {dst}/{ACCELERATE_EXTRAS}, torch.load(path, weights_only=True)")
+        lines.append(
+            f"# {extras}: in {dst}/{ACCELERATE_EXTRAS}, torch.load(path, weights_only=True) (argparse.Namespace, "
+            "numpy or pathlib values need torch.serialization.safe_globals)"
+        )
     return "\n".join(lines)

@@ -39,6 +39,17 @@ def test_existing_dst_needs_force(saved, tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_force_never_replaces_a_directory_holding_src(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    src = run / "ckpt.pt"
+    torch.save(full_checkpoint(), src)
+    for dst in (run, tmp_path):
+        result = cli(src, dst, "--force")
+        assert result.exit_code == 2 and "holding SRC" in result.stderr
+    assert src.exists() and leftovers(tmp_path) == [] and leftovers(run) == []
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_mid_write_leaves_nothing(saved, tmp_path, signum):
     src = saved({"model": {f"w{i}": torch.zeros(4 << 20) for i in range(8)}})  # 128 MB

@@ -76,3 +76,11 @@ def test_progress_summary_and_snippet(saved, tmp_path):
     assert first.startswith(f"converted {src} (torch) -> {tmp_path / 'dcp'} (dcp, layout keep): 1 tensors, 4.00 MB in ")
     assert "set_model_state_dict(model, model_state)" in result.stdout
     assert cli(src, tmp_path / "quiet", "-q").stdout == ""
+
+
+def test_no_snippet_without_a_model_or_optimizer(saved, tmp_path):
+    src = saved({"ema": {"shadow": {"w": torch.ones(2)}}, "step": 3})
+    result = cli(src, tmp_path / "dcp")
+    assert result.exit_code == 0
+    assert "--model-key" in result.stderr
+    assert "dcp.load" not in result.stdout and "import" not in result.stdout

@@ -105,8 +105,9 @@ def test_torch_round_trip_keeps_containers(saved, tmp_path):
     assert same(source, loaded) == []
 
 
-def test_legacy_torch_save_file(saved, tmp_path):
-    source = full_checkpoint(epoch=1)
+@pytest.mark.parametrize("extras", [{"epoch": 1}, rich_extras()], ids=["plain", "numpy-namespace-path"])
+def test_legacy_torch_save_file(saved, tmp_path, extras):
+    source = full_checkpoint(**extras)
     path = tmp_path / "legacy.pt"
     torch.save(source, path, _use_new_zipfile_serialization=False)
     assert cli(path, tmp_path / "dcp", "--verify").exit_code == 0

@@ -132,4 +132,4 @@ def test_scan_finds_the_globals_unpickling_looks_up():
         data = pickle.dumps(value, protocol=protocol)
         recorder = _Recorder(data)
         recorder.load()
-        assert scan_globals(data)[0] == recorder.names, protocol
+        assert scan_globals(data, "test")[0] == recorder.names, protocol
