@@ -18,3 +18,14 @@ def atomic_path(path):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def check_writable(directory) -> None:
+    """Create and remove a scratch file in `directory` (OSError if that fails).
+
+    A report, plot or log place that cannot be written is then refused before
+    minutes of training, not after them.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=".migrate-fsdp-verify-", dir=directory)
+    os.close(fd)
+    os.unlink(tmp)

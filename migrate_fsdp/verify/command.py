@@ -1,5 +1,6 @@
 """The `verify` click command: parse, validate, dispatch; all heavy imports happen inside."""
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -55,12 +56,19 @@ def verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtur
     """
     from migrate_fsdp.verify.errors import VerifyError
 
+    # SIGTERM (a CI job's timeout, kill) then unwinds like Ctrl-C, through the launcher's cleanup of the runs.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         code = _verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtures, hand_written, logs,
                        rdzv)
     except VerifyError as exc:
         click.echo(f"migrate-fsdp verify: error: {exc}", err=True)
-        sys.exit(2)
+        code = 2
+    except KeyboardInterrupt:
+        click.echo("migrate-fsdp verify: error: interrupted; the runs it had started were ended", err=True)
+        code = 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     sys.exit(code)
 
 
@@ -79,10 +87,11 @@ def _verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtu
         raise VerifyError("--fixture and --hand-written apply to the fixture suite (no OLD.py)")
     for path in (old_script, new_script):
         if path is not None and not path.is_file():
-            raise VerifyError(f"{path}: no such file")
+            raise VerifyError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
     for path in (report, plot, logs):
         if path is not None and not path.resolve().parent.is_dir():
             raise VerifyError(f"{path}: its directory does not exist")
+    _check_writable(report, plot, logs)
     if plot is not None:
         import importlib.util
 
@@ -91,17 +100,29 @@ def _verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtu
     launch = Launch(nproc=nproc, steps=steps, timeout=timeout,
                     rendezvous=[[flag, rdzv[flag[2:].replace("-", "_")]] for flag in _RENDEZVOUS
                                 if rdzv[flag[2:].replace("-", "_")] is not None])
-    placement = plan(device, nproc, visible_gpus() if device != "cpu" else [], launch.multi_node)
+    placement = plan(device, nproc, visible_gpus() if device != "cpu" else [], launch.standalone)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="migrate-fsdp-verify-") as scratch:
         workdir = Path(logs) if logs else Path(scratch)
-        workdir.mkdir(exist_ok=True)
         if old_script is None:
             outcomes = _suite(launch, placement, workdir, fixtures, hand_written)
         else:
             launch.steps = launch.steps or DEFAULT_STEPS
             outcomes = [_single(old_script, new_script, script_args, launch, placement, workdir)]
     return _finish(outcomes, report, plot, time.monotonic() - started, suite=old_script is None)
+
+
+def _check_writable(report, plot, logs):
+    from migrate_fsdp.verify.atomic import check_writable
+    from migrate_fsdp.verify.errors import VerifyError
+
+    places = [(path, path.resolve().parent) for path in (report, plot) if path is not None]
+    for path, directory in ([(logs, logs)] if logs is not None else []) + places:
+        try:
+            directory.mkdir(exist_ok=True)
+            check_writable(directory)
+        except OSError as exc:
+            raise VerifyError(f"{path}: cannot write there ({exc.strerror})") from exc
 
 
 def _single(old_script, new_script, script_args, launch, placement, workdir):

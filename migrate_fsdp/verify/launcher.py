@@ -41,6 +41,11 @@ class Launch:
     rendezvous: list = field(default_factory=list)  # torchrun's own flags, passed through as [flag, value]
 
     @property
+    def standalone(self) -> bool:
+        """torchrun --standalone: each run picks a free port of its own."""
+        return not self.rendezvous
+
+    @property
     def multi_node(self) -> bool:
         return any(flag == "--nnodes" and value != "1" for flag, value in self.rendezvous)
 
@@ -73,6 +78,9 @@ class _Running:
         self.side = side
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
+        # A kept --logs directory may hold an earlier run's files; the probe appends to its metrics file.
+        for stale in directory.glob("rank*.*"):
+            stale.unlink()
         entry = ["-m", "migrate_fsdp.verify.probe"] if side.watched else []
         command = [
             sys.executable, "-m", "torch.distributed.run", *launch.torchrun_flags(side.name),
@@ -93,7 +101,11 @@ class _Running:
         return self.proc.poll() is not None
 
     def kill(self) -> None:
+        """Past the deadline: end the run with every process it started."""
         self.timed_out = True
+        self.end()
+
+    def end(self) -> None:
         processes.end_all(self.proc.pid, self.seen)
         self.proc.wait()
 
@@ -140,16 +152,30 @@ def run_sides(sides: list, launch: Launch, placement, workdir: Path) -> list:
     batches = [sides] if placement.concurrent else [[side] for side in sides]
     runs = []
     for batch in batches:
-        running = [start(side) for side in batch]
-        deadline = time.monotonic() + launch.timeout
-        pending = list(running)
-        while pending:
-            pending = [r for r in pending if not r.poll()]
-            if pending and time.monotonic() >= deadline:
-                for r in pending:
-                    r.kill()
-                break
-            if pending:
-                time.sleep(_POLL_S)
+        running = []
+        try:
+            for side in batch:
+                running.append(start(side))
+            _wait(running, launch.timeout)
+        except BaseException:
+            # verify itself is interrupted (Ctrl-C, SIGTERM): the ranks live in sessions of their own, which
+            # the signal does not reach, so they would train on (or hang) without it.
+            for r in running:
+                r.end()
+            raise
         runs += [r.finish(launch) for r in running]
     return runs
+
+
+def _wait(running: list, timeout: float) -> None:
+    """Until every run has ended; those still going at the deadline are killed."""
+    deadline = time.monotonic() + timeout
+    pending = list(running)
+    while pending:
+        pending = [r for r in pending if not r.poll()]
+        if pending and time.monotonic() >= deadline:
+            for r in pending:
+                r.kill()
+            return
+        if pending:
+            time.sleep(_POLL_S)

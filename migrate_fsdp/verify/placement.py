@@ -2,8 +2,10 @@
 
 Two runs of N ranks each fit side by side on 2N GPUs; each then sees only its
 own N through CUDA_VISIBLE_DEVICES and gets its own rendezvous port (torchrun
---standalone picks a free one). With fewer GPUs, or across nodes (where this
-process cannot see the other nodes' GPUs), the runs take turns on the same N.
+--standalone picks a free one). With fewer GPUs, or with the user's own
+rendezvous flags (across nodes this process cannot see the other nodes' GPUs;
+on one node a given --rdzv-endpoint or --master-port would be claimed by both
+runs at once), the runs take turns on the same N.
 """
 
 import os
@@ -47,7 +49,7 @@ def _gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def plan(device: str, nproc: int, gpus: list[str], multi_node: bool) -> Placement:
+def plan(device: str, nproc: int, gpus: list[str], standalone: bool) -> Placement:
     if device == "auto":
         device = "cuda" if len(gpus) >= nproc else "cpu"
     if device == "cpu":
@@ -55,7 +57,7 @@ def plan(device: str, nproc: int, gpus: list[str], multi_node: bool) -> Placemen
         return Placement("cpu", concurrent=False, old_env=hide, new_env=dict(hide))
     if len(gpus) < nproc:
         raise VerifyError(f"--device cuda needs {nproc} GPUs (one per rank, --nproc {nproc}); {len(gpus)} visible")
-    if not multi_node and len(gpus) >= 2 * nproc:
+    if standalone and len(gpus) >= 2 * nproc:
         return Placement(
             "cuda",
             concurrent=True,

@@ -16,9 +16,11 @@ def rewritten_side(old_script: Path, args: list, workdir: Path) -> Side:
     except ImportError as exc:
         raise VerifyError(f"the rewrite engine is not available ({exc}); pass the FSDP2 version with --new NEW.py") \
             from exc
-    with open(old_script, encoding="utf-8", newline="") as handle:
-        source = handle.read()
-    result = rewrite_source(source, str(old_script))
+    # Bytes: the engine honours the script's own encoding declaration, as Python does.
+    try:
+        result = rewrite_source(old_script.read_bytes(), str(old_script))
+    except UnicodeDecodeError as exc:
+        raise VerifyError(f"{old_script} is not Python source text ({exc})") from exc
     if result.diagnostics:
         listed = "; ".join(str(d) for d in result.diagnostics)
         raise VerifyError(f"the rewrite leaves {len(result.diagnostics)} FSDP1 use(s) of {old_script} unconverted, "
@@ -27,6 +29,5 @@ def rewritten_side(old_script: Path, args: list, workdir: Path) -> Side:
         raise VerifyError(f"{old_script} has no FSDP1 code for the rewrite to convert; nothing to compare")
     target = workdir / "rewrite" / old_script.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target, "w", encoding="utf-8", newline="") as handle:
-        handle.write(result.code)
+    target.write_bytes(result.new_source)
     return Side("new", target, list(args), shown=f"rewrite of {old_script}", sys_path=old_script.parent)

@@ -99,5 +99,7 @@ def render_suite(outcomes: list, wall_s: float) -> str:
                      f"{v.speed['ratio']:.2f}x", _VERDICT[o.status]])
     passed = sum(o.status == "pass" for o in outcomes)
     lines = _columns(rows, header)
+    # A passing fixture shows only its row: its warnings (flagged memory, nondeterministic ops) go here.
+    lines += [f"warning: {o.name}: {w}" for o in outcomes if o.verdict is not None for w in o.verdict.warnings]
     lines.append(f"{passed} of {len(outcomes)} fixtures pass; {wall_s:.1f} s")
     return "\n".join(lines)

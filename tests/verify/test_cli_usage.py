@@ -17,6 +17,11 @@ OLD = TRAIN / "full_shard" / "fsdp1.py"
         ([OLD, "--new", "missing.py"], "missing.py: no such file"),
         ([OLD, "--new", OLD, "--report", "no/such/dir/r.json"], "no/such/dir/r.json: its directory does not exist"),
         (["--fixture", "nope"], "no fixture named nope; known: "),
+        ([OLD.parent], "full_shard: not a file"),
+        # Unwritable places are refused before the runs, not after minutes of training.
+        ([OLD, "--new", OLD, "--report", "/proc/r.json"], "/proc/r.json: cannot write there"),
+        ([OLD, "--new", OLD, "--plot", "/proc/p.png"], "/proc/p.png: cannot write there"),
+        ([OLD, "--new", OLD, "--logs", "/proc/verify-logs"], "/proc/verify-logs: cannot write there"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):

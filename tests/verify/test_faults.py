@@ -3,6 +3,12 @@
 These launch real torchrun jobs with 2 gloo ranks.
 """
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -10,7 +16,7 @@ import pytest
 
 from migrate_fsdp.verify.faults import run_failures
 from migrate_fsdp.verify.launcher import Side, run_sides
-from tests.verify.helpers import CPU, SCRIPTS, launch, verify
+from tests.verify.helpers import CPU, REPO, SCRIPTS, launch, verify
 
 FAULTY = SCRIPTS / "faulty.py"
 
@@ -53,6 +59,36 @@ def test_a_hang_is_killed_at_the_timeout_with_every_process(tmp_path):
         "old run (faulty.py) hung: still running after --timeout 12s, at optimizer step 1 of 3; "
         "all its processes were killed"]
     assert processes_with(tag) == []
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="process accounting reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_verify_ends_its_runs(sig):
+    tag = uuid.uuid4().hex
+    command = [sys.executable, "-m", "migrate_fsdp", "verify", "--device", "cpu", FAULTY, "--new", FAULTY,
+               "--", "--fault", "hang", "--tag", tag]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while len(processes_with(tag)) < 4 and time.monotonic() < deadline:  # verify, torchrun, 2 ranks
+        time.sleep(0.2)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=30)
+    left = processes_with(tag)
+    for pid in left:  # so that a failure here leaves no hung ranks behind either
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    assert proc.returncode == 2
+    assert stderr == "migrate-fsdp verify: error: interrupted; the runs it had started were ended\n"
+    assert left == []
+
+
+def test_an_earlier_runs_files_in_a_kept_log_directory_are_not_read(tmp_path):
+    (tmp_path / "old").mkdir()
+    stale = '{"event": "step", "step": 0, "loss": 1.0}\n'
+    for rank in (0, 1):
+        (tmp_path / "old" / f"rank{rank}.jsonl").write_text(stale)
+    run, failures = one_side(tmp_path, "--fault", "none", steps=2)
+    assert failures == [] and [len(r.steps) for r in run.ranks] == [2, 2]
 
 
 def test_a_script_that_never_steps_an_optimizer(tmp_path):

@@ -49,7 +49,7 @@ def test_resume_mechanism_reports_a_failing_conversion(tmp_path):
         "new": ["fsdp2.py", "--fault", "short"],
     }))
     [fixture] = suite.discover(fixture_dir.parent)
-    outcome = suite.run_fixture(fixture, launch(), plan("cpu", 2, [], False), tmp_path / "work", hand_written=False)
+    outcome = suite.run_fixture(fixture, launch(), plan("cpu", 2, [], standalone=True), tmp_path / "work", hand_written=False)
     assert outcome.status == "error"
     [failure] = outcome.failures
     assert failure.side == "convert"

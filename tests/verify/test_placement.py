@@ -8,24 +8,24 @@ from migrate_fsdp.verify.launcher import Launch
 
 
 def test_cpu_hides_gpus_and_runs_in_turn():
-    plan = placement.plan("cpu", 2, ["0", "1", "2", "3"], multi_node=False)
+    plan = placement.plan("cpu", 2, ["0", "1", "2", "3"], standalone=True)
     assert plan.device == "cpu" and not plan.concurrent
     assert plan.old_env == plan.new_env == {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def test_auto_picks_cpu_without_enough_gpus():
-    assert placement.plan("auto", 2, [], multi_node=False).device == "cpu"
-    assert placement.plan("auto", 2, ["0"], multi_node=False).device == "cpu"
+    assert placement.plan("auto", 2, [], standalone=True).device == "cpu"
+    assert placement.plan("auto", 2, ["0"], standalone=True).device == "cpu"
 
 
 def test_auto_picks_cuda_with_one_gpu_per_rank_and_takes_turns():
-    plan = placement.plan("auto", 2, ["0", "1", "2"], multi_node=False)
+    plan = placement.plan("auto", 2, ["0", "1", "2"], standalone=True)
     assert plan.device == "cuda" and not plan.concurrent
     assert plan.old_env == plan.new_env == {"CUDA_VISIBLE_DEVICES": "0,1"}
 
 
 def test_two_n_gpus_run_side_by_side_on_disjoint_sets():
-    plan = placement.plan("cuda", 2, ["0", "1", "2", "3", "4"], multi_node=False)
+    plan = placement.plan("cuda", 2, ["0", "1", "2", "3", "4"], standalone=True)
     assert plan.concurrent
     assert plan.old_env == {"CUDA_VISIBLE_DEVICES": "0,1"}
     assert plan.new_env == {"CUDA_VISIBLE_DEVICES": "2,3"}
@@ -36,7 +36,7 @@ def test_disjoint_sets_keep_the_names_of_an_existing_visible_list(monkeypatch):
     monkeypatch.setattr(placement, "_gpu_count", lambda: 4)
     gpus = placement.visible_gpus({"CUDA_VISIBLE_DEVICES": "3, 5,GPU-abc,7"})
     assert gpus == ["3", "5", "GPU-abc", "7"]
-    plan = placement.plan("cuda", 2, gpus, multi_node=False)
+    plan = placement.plan("cuda", 2, gpus, standalone=True)
     assert plan.old_env["CUDA_VISIBLE_DEVICES"] == "3,5"
     assert plan.new_env["CUDA_VISIBLE_DEVICES"] == "GPU-abc,7"
 
@@ -46,14 +46,17 @@ def test_visible_gpus_counts_devices_when_no_list_is_set(monkeypatch):
     assert placement.visible_gpus({}) == ["0", "1", "2"]
 
 
-def test_multi_node_never_runs_side_by_side():
-    plan = placement.plan("cuda", 2, ["0", "1", "2", "3"], multi_node=True)
+def test_own_rendezvous_flags_never_run_side_by_side():
+    plan = placement.plan("cuda", 2, ["0", "1", "2", "3"], standalone=False)
     assert not plan.concurrent and plan.old_env == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    # One node with a fixed port: two torchruns at once would both claim it.
+    assert not Launch(2, 3, 60, rendezvous=[["--master-port", "29600"]]).standalone
+    assert Launch(2, 3, 60).standalone
 
 
 def test_cuda_without_enough_gpus_is_refused():
     with pytest.raises(VerifyError, match="needs 4 GPUs"):
-        placement.plan("cuda", 4, ["0", "1"], multi_node=False)
+        placement.plan("cuda", 4, ["0", "1"], standalone=True)
 
 
 def test_standalone_rendezvous_by_default_and_rdzv_flags_passed_through():

@@ -49,6 +49,13 @@ def test_suite_table_has_a_row_per_pair_and_a_count():
     assert text.endswith("1 of 3 fixtures pass; 12.5 s")
 
 
+def test_suite_table_shows_flagged_memory_of_a_passing_fixture():
+    old, new = run("old", LOSSES), run("new", LOSSES, peak_bytes=1200)
+    outcome = Outcome("pair", launch(), CPU, [old, new], verdict=compare(old, new, 3))
+    assert outcome.status == "pass"
+    assert "warning: pair: rank 0: new peak memory 1.20x the old one" in render_suite([outcome], 1.0).splitlines()
+
+
 def test_exit_status_is_the_worst_of_the_pairs():
     assert overall_exit([passing()]) == 0
     assert overall_exit([passing(), failing()]) == 1

@@ -12,7 +12,7 @@ from migrate_fsdp.verify.rewrite_side import rewritten_side
 
 @dataclass
 class Result:
-    code: str
+    new_source: bytes
     changed: bool = True
     diagnostics: list = field(default_factory=list)
 
@@ -43,7 +43,7 @@ def script(tmp_path):
 
 
 def test_rewrite_goes_to_the_workdir_and_runs_beside_the_original(tmp_path, engine):
-    engine.result = Result("model = fully_shard(model)\r\n")
+    engine.result = Result(b"model = fully_shard(model)\r\n")
     side = rewritten_side(script(tmp_path), ["--lr", "1"], tmp_path / "work")
     assert side.name == "new" and side.args == ["--lr", "1"]
     assert side.script == tmp_path / "work" / "rewrite" / "train.py"
@@ -52,7 +52,7 @@ def test_rewrite_goes_to_the_workdir_and_runs_beside_the_original(tmp_path, engi
 
 
 def test_unconverted_uses_refuse_the_run_and_are_listed(tmp_path, engine):
-    engine.result = Result("x", diagnostics=[Diag("train.py:3:1: MF001 a"), Diag("train.py:9:5: MF002 b")])
+    engine.result = Result(b"x", diagnostics=[Diag("train.py:3:1: MF001 a"), Diag("train.py:9:5: MF002 b")])
     with pytest.raises(VerifyError) as error:
         rewritten_side(script(tmp_path), [], tmp_path / "work")
     message = str(error.value)
@@ -62,6 +62,22 @@ def test_unconverted_uses_refuse_the_run_and_are_listed(tmp_path, engine):
 
 
 def test_a_script_without_fsdp1_is_refused(tmp_path, engine):
-    engine.result = Result("x", changed=False)
+    engine.result = Result(b"x", changed=False)
     with pytest.raises(VerifyError, match="no FSDP1 code"):
         rewritten_side(script(tmp_path), [], tmp_path / "work")
+
+
+def test_the_real_engine_keeps_the_scripts_own_encoding(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_bytes(b"# -*- coding: latin-1 -*-\nfrom torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n"
+                     b"name = '\xe9t\xe9'\nmodel = FSDP(model)\n")
+    side = rewritten_side(path, [], tmp_path / "work")
+    assert side.script.read_bytes().decode("latin-1").endswith("name = '\xe9t\xe9'\nfully_shard(model)\n")
+
+
+def test_source_that_is_not_text_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_bytes(b"from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\nname = '\xe9'\n")
+    with pytest.raises(VerifyError, match="is not Python source text") as error:
+        rewritten_side(path, [], tmp_path / "work")
+    assert "\n" not in str(error.value)
