@@ -57,6 +57,11 @@ def rewrite_source(
     except cst.ParserSyntaxError as error:
         message = f"cannot parse: {error.message}; file skipped"
         return RewriteResult(path, data, data, [Diagnostic(path, error.raw_line, error.raw_column + 1, PARSE_ERROR, message)])
+    except UnicodeDecodeError as error:  # bytes that are not in the declared (or default UTF-8) encoding
+        line_start = data.rfind(b"\n", 0, error.start) + 1
+        line, column = data.count(b"\n", 0, error.start) + 1, error.start - line_start + 1
+        message = f"cannot decode as {error.encoding} ({error.reason}); declare the file's encoding; file skipped"
+        return RewriteResult(path, data, data, [Diagnostic(path, line, column, PARSE_ERROR, message)])
     try:
         return _rewrite_module(module, data, path, selection, todo)
     except Exception as error:  # a bug of ours must not stop a run over a whole tree

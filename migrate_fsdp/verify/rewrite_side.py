@@ -17,10 +17,7 @@ def rewritten_side(old_script: Path, args: list, workdir: Path) -> Side:
         raise VerifyError(f"the rewrite engine is not available ({exc}); pass the FSDP2 version with --new NEW.py") \
             from exc
     # Bytes: the engine honours the script's own encoding declaration, as Python does.
-    try:
-        result = rewrite_source(old_script.read_bytes(), str(old_script))
-    except UnicodeDecodeError as exc:
-        raise VerifyError(f"{old_script} is not Python source text ({exc})") from exc
+    result = rewrite_source(old_script.read_bytes(), str(old_script))
     if result.diagnostics:
         listed = "; ".join(str(d) for d in result.diagnostics)
         raise VerifyError(f"the rewrite leaves {len(result.diagnostics)} FSDP1 use(s) of {old_script} unconverted, "

@@ -139,6 +139,18 @@ def test_unparsable_file_is_reported_and_run_goes_on(tree):
     assert "# TODO(migrate-fsdp)" in (tree / "pkg" / "train.py").read_text()
 
 
+def test_undecodable_file_is_reported_untouched_and_run_goes_on(tree):
+    broken = b"from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n# caf\xe9\nm = FSDP(m)\n"
+    (tree / "pkg" / "latin.py").write_bytes(broken)  # latin-1 bytes, no coding declaration
+    done = migrate(*LEFTOVER_ONLY, "pkg", cwd=tree)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("pkg/latin.py:2:6: MF001 cannot decode as utf-8"), first
+    assert (tree / "pkg" / "latin.py").read_bytes() == broken
+    assert "# TODO(migrate-fsdp)" in (tree / "pkg" / "train.py").read_text()
+
+
 def test_json_format(tree):
     done = migrate("--check", "--format", "json", *LEFTOVER_ONLY, "pkg", cwd=tree)
     assert done.returncode == 1

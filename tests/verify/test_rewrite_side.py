@@ -78,6 +78,6 @@ def test_the_real_engine_keeps_the_scripts_own_encoding(tmp_path):
 def test_source_that_is_not_text_is_refused_in_one_line(tmp_path):
     path = tmp_path / "train.py"
     path.write_bytes(b"from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\nname = '\xe9'\n")
-    with pytest.raises(VerifyError, match="is not Python source text") as error:
+    with pytest.raises(VerifyError, match="MF001 cannot decode as utf-8") as error:
         rewritten_side(path, [], tmp_path / "work")
     assert "\n" not in str(error.value)
