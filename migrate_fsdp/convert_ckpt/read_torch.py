@@ -10,15 +10,7 @@ import pickletools
 
 from migrate_fsdp.convert_ckpt.errors import ConvertError, Refused
 from migrate_fsdp.convert_ckpt.fileio import pread_exact
-from migrate_fsdp.convert_ckpt.safe_unpickle import (
-    NUMPY_ALLOWED,
-    STDLIB_ALLOWED,
-    check_allowed,
-    import_global,
-    refuse_non_full,
-    scan_globals,
-    unpickle,
-)
+from migrate_fsdp.convert_ckpt.safe_unpickle import NUMPY_ALLOWED, STDLIB_ALLOWED, import_global, unpickle, vet_pickle
 from migrate_fsdp.convert_ckpt.tensors import BufferStorage, FileStorage, StoredTensor
 from migrate_fsdp.convert_ckpt.zipfmt import read_records
 
@@ -65,9 +57,7 @@ def read_torch_legacy(path: str, allow_unsafe: bool = False):
 
     import torch
 
-    names, strings = scan_globals(_legacy_pickle(path), path)
-    refuse_non_full(names, strings, path)
-    check_allowed(names, allow_unsafe, path)
+    vet_pickle(_legacy_pickle(path), path, allow_unsafe)
     try:
         with torch.serialization.safe_globals(_torch_safe_globals()):
             loaded = torch.load(path, map_location="cpu", weights_only=not allow_unsafe)

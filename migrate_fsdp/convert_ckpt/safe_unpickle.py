@@ -301,8 +301,8 @@ class SafeUnpickler(pickle.Unpickler):
         return _Storage(self._storage(str(key), storage_type.dtype), storage_type.dtype)
 
 
-def unpickle(data: bytes, storage, what: str, allow_unsafe: bool = False, extra_globals=None):
-    """Check, then load, a checkpoint's pickle; refusals and unsafe globals are raised before anything runs.
+def vet_pickle(data: bytes, what: str, allow_unsafe: bool = False, extra_globals=None) -> None:
+    """Raise the refusals and unsafe globals of a pickle from its opcodes alone, before anything runs.
 
     `extra_globals` maps (module, name) to stand-ins allowed for this pickle only
     (the DCP metadata classes); such a pickle is metadata, not a checkpoint, and
@@ -312,6 +312,11 @@ def unpickle(data: bytes, storage, what: str, allow_unsafe: bool = False, extra_
     if extra_globals is None:
         refuse_non_full(names, strings, what)
     check_allowed(names, allow_unsafe, what, {f"{m}.{n}" for m, n in (extra_globals or {})})
+
+
+def unpickle(data: bytes, storage, what: str, allow_unsafe: bool = False, extra_globals=None):
+    """Vet, then load, a checkpoint's pickle (see vet_pickle for `extra_globals`)."""
+    vet_pickle(data, what, allow_unsafe, extra_globals)
     try:
         return SafeUnpickler(data, storage, allow_unsafe, extra_globals).load()
     except ConvertError:
