@@ -42,7 +42,7 @@ _DEFERRED_TYPES = (
 class _StatementEdits:
     before: list = field(default_factory=list)
     after: list = field(default_factory=list)
-    todos: list = field(default_factory=list)
+    todos: list = field(default_factory=list)  # the codes reported on the statement
 
 
 class FileContext:
@@ -122,9 +122,8 @@ class FileContext:
         self._covered.add(id(node))
         if self._todo:
             edits = self._edits_for(self.statement())
-            comment = todo_comment(code, message)
-            if comment not in edits.todos:
-                edits.todos.append(comment)
+            if code not in edits.todos:
+                edits.todos.append(code)
 
     def mark_converted(self, node: cst.CSTNode) -> None:
         """Record that FSDP1 references inside `node` were rewritten away."""
@@ -162,6 +161,11 @@ class FileContext:
 
     def pop_edits(self, statement: cst.CSTNode) -> _StatementEdits | None:
         return self._edits.pop(id(statement), None)
+
+    def todo_line(self, statement: cst.CSTNode, codes: list[str]) -> str:
+        """The TODO comment for `codes` above the original `statement`, fitted to its indentation."""
+        indent = self._wrapper.resolve(PositionProvider)[statement].start.column
+        return todo_comment(codes, indent)
 
     def diagnostics(self) -> list[Diagnostic]:
         if not self._reports:
