@@ -189,7 +189,7 @@ def test_todo_goes_above_the_innermost_statement_once(rules):
     assert "        # TODO(migrate-fsdp): MF992\n        with model.no_sync():  # accumulate" in first.code
     second = rewrite_source(first.new_source, "m.py", rules(ReportNoSync))
     assert second.code == first.code
-    assert [str(d) for d in second.diagnostics] == ["m.py:5:14: MF992 receiver type unknown"]  # the unused FSDP1 import went
+    assert [str(d) for d in second.diagnostics] == ["m.py:4:14: MF992 receiver type unknown"]  # the unused FSDP1 import went, and its blank line
 
 
 def test_rule_tokens_make_files_without_fsdp_worth_parsing(rules):
