@@ -13,6 +13,7 @@ from libcst._metadata_dependent import LazyValue
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider, Scope, ScopeProvider
 
 from migrate_fsdp.rewrite.diagnostics import Diagnostic, todo_comment
+from migrate_fsdp.rewrite.helpers import helper_source, renamed
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
 
 # Nodes that own `leading_lines`, where a TODO comment can sit.
@@ -141,17 +142,25 @@ class FileContext:
         edits = self._edits_for(self.statement())
         (edits.before if before else edits.after).extend(statements)
 
-    def require_import(self, module: str, name: str) -> str:
-        """Make `name` from `module` available at module level; returns the local name."""
+    def require_import(self, module: str, name: str | None) -> str:
+        """Make `name` from `module` (with name None, `module` itself) available at module level;
+        returns the local name."""
         key = (module, name)
         if key not in self.imports:
             self.imports[key] = self._free_local_name(module, name)
         return self.imports[key]
 
-    def add_helper(self, name: str, source: str) -> str:
-        """Add a module-level definition (once), unless the file already has one of that name."""
+    def add_helper(self, name: str) -> str:
+        """Add the helper function `name` (migrate_fsdp/rewrite/helpers/<name>.py) and its imports,
+        once, unless the file already has a definition of that name."""
         if name not in self.helpers and not self._defines_top_level(name):
-            self.helpers[name] = list(cst.parse_module(source).body)
+            source = helper_source(name)
+            renames = {}
+            for module, imported in source.imports:
+                local = self.require_import(module, imported)
+                if local != (imported or module):
+                    renames[imported or module] = local
+            self.helpers[name] = renamed(source.definitions, renames)
         return name
 
     # ----- engine side -------------------------------------------------------------------
@@ -183,12 +192,15 @@ class FileContext:
     def _global_scope(self) -> Scope | None:
         return self.scope(self.module)
 
-    def _free_local_name(self, module: str, name: str) -> str:
+    def _free_local_name(self, module: str, name: str | None) -> str:
+        qualified = module if name is None else f"{module}.{name}"
+        name = name or module
         scope = self._global_scope()
         if scope is None or name not in scope:
             return name
-        if f"{module}.{name}" in {q.name for q in scope.get_qualified_names_for(name)}:
-            return name
+        bound = {q.name for q in scope.get_qualified_names_for(name)}
+        if qualified in bound or (name == module and any(q.startswith(module + ".") for q in bound)):
+            return name  # imported already (`import torch.nn` binds `torch` too)
         alias = f"fsdp2_{name}"
         if alias in scope:
             raise ValueError(f"cannot import {module}.{name}: both {name} and {alias} are taken")

@@ -169,13 +169,18 @@ def _uses(used: _UsedNames, alias: cst.ImportAlias, by_chain: bool) -> bool:
     return bound.split(".", 1)[0] in used.names
 
 
-def _already_imported(body, module_name: str, name: str, local: str) -> bool:
+def _already_imported(body, module_name: str, name: str | None, local: str) -> bool:
     for statement in body:
         if not is_import_line(statement):
             continue
         for imp in statement.body:
-            if isinstance(imp, cst.ImportFrom) and not imp.relative and dotted(imp.module) == module_name:
-                if isinstance(imp.names, cst.ImportStar):
+            if name is None and isinstance(imp, cst.Import):
+                for alias in imp.names:
+                    bound = dotted(alias.asname.name) if alias.asname else dotted(alias.name).split(".")[0]
+                    if bound == local and (dotted(alias.name) == module_name or alias.asname is None):
+                        return True
+            if name is not None and isinstance(imp, cst.ImportFrom) and not imp.relative:
+                if dotted(imp.module) != module_name or isinstance(imp.names, cst.ImportStar):
                     continue
                 for alias in imp.names:
                     bound = dotted(alias.asname.name) if alias.asname else dotted(alias.name)
@@ -272,12 +277,14 @@ def _fsdp_import_guard(body: list):
     return None
 
 
-def _import_position(body: list) -> int:
-    """Where a new FSDP2 import line goes: before the first FSDP import, else after the header's imports."""
+def _import_position(body: list, package: str | None = None) -> int:
+    """Where a new import line goes: before the first FSDP import (or, for `import package`, the first
+    import from inside that package), else after the header's imports."""
     last_import = None
     for index, statement in enumerate(body):
         if is_import_line(statement):
-            if _is_fsdp_import(statement):
+            inside = package is not None and any(m.startswith(package + ".") for m in imported_modules(statement))
+            if inside or _is_fsdp_import(statement):
                 return index
             last_import = index
         elif not is_docstring(statement) and last_import is not None:
@@ -287,8 +294,8 @@ def _import_position(body: list) -> int:
     return 1 if body and is_docstring(body[0]) else 0
 
 
-def _insert_import(body: list, line) -> None:
-    position = _import_position(body)
+def _insert_import(body: list, line, package: str | None = None) -> None:
+    position = _import_position(body, package)
     if position < len(body) and is_import_line(body[position]):
         # Take over the comments above the line we are inserted before.
         line = line.with_changes(leading_lines=body[position].leading_lines)
@@ -301,7 +308,13 @@ def _add_imports(body: list, imports: dict, used: _UsedNames) -> None:
     for (module_name, name), local in imports.items():
         if local not in used.names:
             continue  # asked for, then not used: the rule took another way
-        if not any(_already_imported(statements, module_name, name, local) for statements, _ in _import_bodies(body)):
+        if any(_already_imported(statements, module_name, name, local) for statements, _ in _import_bodies(body)):
+            continue
+        if name is None:  # `import torch` (helpers only ask for top-level packages)
+            asname = None if local == module_name else cst.AsName(name=cst.Name(local))
+            alias = cst.ImportAlias(name=cst.parse_expression(module_name), asname=asname)
+            _insert_import(body, cst.SimpleStatementLine([cst.Import(names=[alias])]), package=module_name)
+        else:
             by_module.setdefault(module_name, []).append(_alias(name, local))
     for module_name, aliases in by_module.items():
         if _merge_anywhere(body, module_name, aliases):

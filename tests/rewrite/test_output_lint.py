@@ -35,15 +35,7 @@ def new_findings(before: Path, after: Path) -> Counter:
     return pyflakes_findings(after) - pyflakes_findings(before)
 
 
-# The inserted helpers import inside their functions, redefining the file's own imports (F811).
-_HELPER_IMPORTS = {"MF102_reported", "MF103_reported"}
-
-
-@pytest.mark.parametrize(
-    "case",
-    [pytest.param(c, marks=pytest.mark.xfail(strict=True)) if c.name in _HELPER_IMPORTS else c for c in CASES],
-    ids=[c.name for c in CASES],
-)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_fixture_output_adds_no_pyflakes_finding(case):
     assert new_findings(case / "before.py", case / "after.py") == Counter()
 
