@@ -82,8 +82,23 @@ def _is_fsdp_module(module_name: str) -> bool:
 
 def _without_trailing_comma(aliases: list, original: list) -> list:
     kept = list(aliases)
-    kept[-1] = kept[-1].with_changes(comma=original[-1].comma)
+    kept[-1] = kept[-1].with_changes(comma=_relaid(original[-1].comma, kept[-1].comma))
     return kept
+
+
+def _relaid(layout, comment_from, lines_too: bool = True):
+    """The comma `layout` (with the line break after it, in a one-name-a-line import) carrying the
+    end-of-line comment of the comma `comment_from` instead of its own: a name's comment stays
+    with the name, and goes when the name goes. `lines_too=False` drops the comment lines below."""
+    if not (isinstance(layout, cst.Comma) and isinstance(layout.whitespace_after, cst.ParenthesizedWhitespace)):
+        return layout
+    first_line = cst.TrailingWhitespace()
+    if isinstance(comment_from, cst.Comma) and isinstance(comment_from.whitespace_after, cst.ParenthesizedWhitespace):
+        first_line = comment_from.whitespace_after.first_line
+    whitespace = layout.whitespace_after.with_changes(first_line=first_line)
+    if not lines_too:
+        whitespace = whitespace.with_changes(empty_lines=[])
+    return layout.with_changes(whitespace_after=whitespace)
 
 
 class _DropUnusedImports(cst.CSTTransformer):
@@ -209,9 +224,9 @@ def _merge_into(statement, module_name: str, aliases: list):
                 # whitespace holds the next line's indent, the last one the closing line's.
                 between = names[-2].comma if len(names) > 1 else cst.Comma(whitespace_after=imp.lpar.whitespace_after)
                 closing = names[-1].comma
-                names[-1] = names[-1].with_changes(comma=between)
-                new = [alias.with_changes(comma=between) for alias in aliases]
-                new[-1] = new[-1].with_changes(comma=closing)
+                names[-1] = names[-1].with_changes(comma=_relaid(between, closing, lines_too=False))
+                new = [alias.with_changes(comma=_relaid(between, None, lines_too=False)) for alias in aliases]
+                new[-1] = new[-1].with_changes(comma=_relaid(closing, None))
             else:
                 comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
                 names[-1] = names[-1].with_changes(comma=comma)

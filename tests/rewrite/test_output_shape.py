@@ -118,3 +118,52 @@ def test_a_users_own_pass_stays():
             return FSDP(model)
         """
     assert "    if ready:\n        pass\n" in rewrite(source)
+
+
+def test_comments_of_dropped_names_go_with_them_and_an_added_name_takes_none():
+    assert rewrite(
+        """\
+        from torch.distributed.fsdp import (
+            FullyShardedDataParallel as FSDP,
+            StateDictType,  # the type
+            LocalStateDictConfig,  # flattened params
+            # ShardedStateDictConfig, # not used
+        )
+
+
+        def is_wrapped(model):
+            return isinstance(model, FSDP)
+        """
+    ).startswith(
+        textwrap.dedent(
+            """\
+            from torch.distributed.fsdp import (
+                FSDPModule,
+                # ShardedStateDictConfig, # not used
+            )
+            """
+        )
+    )
+
+
+def test_a_removed_statements_comment_keeps_its_blank_lines():
+    code = rewrite(
+        """\
+        from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+
+        def helper():
+            return 1
+
+
+        # made once, used by every save
+        policy = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+
+
+        def save(model):
+            with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, policy):
+                return model.state_dict()
+        """
+    )
+    assert "return 1\n\n\n# made once, used by every save\n\n\ndef save(model):" in code
