@@ -14,15 +14,22 @@ when there is one, else where the FSDP imports stood, inside the same
 import libcst as cst
 
 from migrate_fsdp.rewrite.names import FSDP_PACKAGE, is_fsdp1
-from migrate_fsdp.rewrite.syntax import dotted, imported_modules, is_docstring, is_import_line
+from migrate_fsdp.rewrite.syntax import chain_root, dotted, imported_modules, is_docstring, is_import_line
 
 
 class _UsedNames(cst.CSTVisitor):
-    """Names and dotted chains the code uses outside imports, and what `__all__` re-exports."""
+    """Names and dotted chains the code uses outside imports, and what `__all__` re-exports.
 
-    def __init__(self) -> None:
+    `scoped`: only the uses a module-level import serves; a function that imports
+    a name itself (anywhere in its body) holds it as a local throughout, and so do
+    the functions nested in it.
+    """
+
+    def __init__(self, scoped: bool = True) -> None:
         self.names: set[str] = set()
         self.chains: set[str] = set()
+        self._scoped = scoped
+        self._local: list[set[str]] = []  # names the enclosing functions import themselves
 
     def visit_Import(self, node) -> bool:
         return False
@@ -30,11 +37,26 @@ class _UsedNames(cst.CSTVisitor):
     def visit_ImportFrom(self, node) -> bool:
         return False
 
-    def visit_Name(self, node: cst.Name) -> None:
-        self.names.add(node.value)
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if self._scoped:
+            self._local.append(local_imports(node))
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self.chains.add(dotted(node))
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if self._scoped:
+            self._local.pop()
+
+    def _shadowed(self, name: str) -> bool:
+        return any(name in names for names in self._local)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if not self._shadowed(node.value):
+            self.names.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if not self._shadowed(chain_root(node)):
+            self.chains.add(dotted(node))
+        node.value.visit(self)
+        return False  # `DistributedType.FSDP` does not use a name `FSDP`
 
     def visit_Assign(self, node: cst.Assign) -> None:
         if any(dotted(target.target) == "__all__" for target in node.targets):
@@ -47,6 +69,28 @@ class _UsedNames(cst.CSTVisitor):
     def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
         # `FSDP = None` in an `except ImportError:` rebinds the name, it does not use it
         return not isinstance(node.target, cst.Name)
+
+
+class _LocalImports(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_FunctionDef(self, node) -> bool:
+        return False  # a nested function's imports are its own
+
+    def visit_ClassDef(self, node) -> bool:
+        return False
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        bound = node.asname.name if node.asname else node.name
+        self.names.add(dotted(bound).split(".", 1)[0])
+
+
+def local_imports(function: cst.FunctionDef) -> set[str]:
+    """The names `function` binds by importing them in its own body."""
+    found = _LocalImports()
+    function.body.visit(found)
+    return found.names
 
 
 class _StringAnnotations(cst.CSTVisitor):
@@ -104,11 +148,22 @@ def _relaid(layout, comment_from, lines_too: bool = True):
 class _DropUnusedImports(cst.CSTTransformer):
     """Drops the imports nobody uses any more: FSDP1's, and those the input used."""
 
-    def __init__(self, used: _UsedNames, used_before: _UsedNames) -> None:
+    def __init__(self, used: _UsedNames, used_before: _UsedNames, used_before_anywhere: _UsedNames) -> None:
         super().__init__()
         self.used = used
         self.used_before = used_before
+        self.used_before_anywhere = used_before_anywhere
+        self.functions: list[_UsedNames] = []  # the uses inside each enclosing function, innermost last
         self.emptied: set[int] = set()  # ids of the original import lines dropped whole
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        inside = _UsedNames(scoped=False)
+        node.body.visit(inside)
+        self.functions.append(inside)
+
+    def leave_FunctionDef(self, original, updated):
+        self.functions.pop()
+        return updated
 
     def leave_ImportFrom(self, original, updated):
         if updated.relative or isinstance(updated.names, cst.ImportStar):
@@ -122,19 +177,21 @@ class _DropUnusedImports(cst.CSTTransformer):
         return updated.with_changes(names=_without_trailing_comma(kept, updated.names))
 
     def leave_Import(self, original, updated):
-        kept = [alias for alias in updated.names if not self._drop(dotted(alias.name), alias, plain_import=True)]
+        kept = [alias for alias in updated.names if not self._drop(dotted(alias.name), alias)]
         if len(kept) == len(updated.names):
             return updated
         if not kept:
             return cst.RemoveFromParent()
         return updated.with_changes(names=_without_trailing_comma(kept, updated.names))
 
-    def _drop(self, qualified: str, alias: cst.ImportAlias, plain_import: bool = False) -> bool:
+    def _drop(self, qualified: str, alias: cst.ImportAlias) -> bool:
+        # An import inside a function serves that function only.
+        used, used_before = (self.functions[-1], self.used_before_anywhere) if self.functions else (self.used, self.used_before)
         if is_fsdp1(qualified):
-            return not _uses(self.used, alias, by_chain=True)
-        if not _uses(self.used_before, alias, by_chain=False):
+            return not _uses(used, alias, by_chain=True)
+        if not _uses(used_before, alias, by_chain=False):
             return False  # unused in the input too: a re-export or a side effect, not ours to judge
-        return not _uses(self.used, alias, by_chain=False)
+        return not _uses(used, alias, by_chain=False)
 
     def leave_SimpleStatementLine(self, original, updated):
         if not updated.body:
@@ -393,8 +450,8 @@ def _add_helpers(body: list, helpers: dict) -> None:
     body[position:position] = definitions
 
 
-def _used_names(module: cst.Module) -> _UsedNames:
-    used = _UsedNames()
+def _used_names(module: cst.Module, scoped: bool = True) -> _UsedNames:
+    used = _UsedNames(scoped)
     module.visit(used)
     return used
 
@@ -407,9 +464,49 @@ def finish_module(module: cst.Module, imports: dict, helpers: dict, original: cs
     module = module.with_changes(body=body)
     used = _used_names(module)
     _add_imports(body, imports, used)
-    module = module.with_changes(body=body)
-    module = module.visit(_DropUnusedImports(used, _used_names(original)))
+    module = module.with_changes(body=body).visit(_ImportsIntoFunctions(imports))
+    module = module.visit(_DropUnusedImports(used, _used_names(original), _used_names(original, scoped=False)))
     return module.visit(_DropDeadBlocks())
+
+
+class _ImportsIntoFunctions(cst.CSTTransformer):
+    """The requested imports a function needs for itself: one that imports a name in its own body
+    holds it as a local throughout (a module-level import does not reach it), so the FSDP2 import
+    goes into the function, in the block of its first FSDP import line."""
+
+    def __init__(self, imports: dict) -> None:
+        super().__init__()
+        self.imports = imports
+        self.needed: list[list] = []  # per enclosing function: [(module, name, local)] still to place
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        bound = local_imports(node)
+        inside = _UsedNames(scoped=False)
+        node.body.visit(inside)
+        self.needed.append(
+            [(m, n, local) for (m, n), local in self.imports.items() if local in bound and local in inside.names]
+        )
+
+    def leave_FunctionDef(self, original, updated):
+        self.needed.pop()
+        return updated
+
+    def leave_IndentedBlock(self, original, updated):
+        if not self.needed or not self.needed[-1]:
+            return updated
+        position = next((i for i, s in enumerate(updated.body) if _is_fsdp_import(s)), None)
+        if position is None:
+            return updated
+        body = list(updated.body)
+        by_module: dict[str, list] = {}
+        for module_name, name, local in self.needed[-1]:
+            if not _already_imported(body, module_name, name, local):
+                by_module.setdefault(module_name, []).append(_alias(name, local))
+        for module_name, aliases in by_module.items():
+            line = cst.SimpleStatementLine([cst.ImportFrom(module=cst.parse_expression(module_name), names=aliases)])
+            _insert_import(body, line)
+        self.needed[-1] = []
+        return updated.with_changes(body=body)
 
 
 class _DropDeadBlocks(cst.CSTTransformer):

@@ -167,3 +167,31 @@ def test_a_removed_statements_comment_keeps_its_blank_lines():
         """
     )
     assert "return 1\n\n\n# made once, used by every save\n\n\ndef save(model):" in code
+
+
+def test_a_function_importing_a_name_itself_gets_the_fsdp2_import_where_its_fsdp1_ones_were():
+    code = rewrite(
+        """\
+        class Saver:
+            def state_dict(self, model, fsdp2, kind):
+                if fsdp2:
+                    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+                    state_dict = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+                elif kind == DistributedType.FSDP:
+                    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+                    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+                    config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+                    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
+                        state_dict = model.state_dict()
+                return state_dict
+        """
+    )
+    # `get_model_state_dict` is a local of the method throughout: a module-level import would not reach it
+    assert code.startswith("class Saver:\n")
+    assert (
+        "        elif kind == DistributedType.FSDP:\n"
+        "            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict\n"
+        "            state_dict = get_model_state_dict("
+    ) in code
