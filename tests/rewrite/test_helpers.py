@@ -8,7 +8,7 @@ from importlib import resources
 import libcst as cst
 import pytest
 import torch
-import torch.nn as nn
+from torch import nn
 from torch.distributed.fsdp.wrap import CustomPolicy, size_based_auto_wrap_policy
 
 from migrate_fsdp.rewrite.helpers import helper_source
