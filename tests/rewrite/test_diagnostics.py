@@ -15,10 +15,10 @@ def test_every_reason_fits_at_a_deep_indentation():
 
 def test_codes_merge_and_reasons_drop_whole_when_too_long():
     assert todo_comment(["MF105", "MF104", "MF105"]) == (
-        "# TODO(migrate-fsdp): MF104, MF105 mixed_precision not converted; cpu_offload not converted"
+        "# TODO(migrate-fsdp): MF104, MF105 FSDP1 mixed precision left as is; FSDP1 CPU offload left as is"
     )
     deep = todo_comment(["MF104", "MF105"], indent=16)
-    assert deep == "# TODO(migrate-fsdp): MF104, MF105 mixed_precision not converted"
+    assert deep == "# TODO(migrate-fsdp): MF104, MF105 FSDP1 mixed precision left as is"
     assert todo_comment(["MF104", "MF105"], indent=80) == "# TODO(migrate-fsdp): MF104, MF105"
 
 
