@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from migrate_fsdp.rewrite.analysis.program import BLOCKED, DUAL_VERSION, KEPT_FSDP1
 from migrate_fsdp.rewrite.rules import RULES
 
 PARSE_ERROR = "MF001"
@@ -13,9 +14,13 @@ LEFTOVER = "MF900"
 ENGINE_CODES = {
     PARSE_ERROR: "file does not parse; skipped",
     INTERNAL_ERROR: "internal error while rewriting; file left unchanged",
+    BLOCKED: "use of a model whose FSDP1 constructor stays: left as is, with the constructor",
+    KEPT_FSDP1: "use of a model from out of sight while the program keeps FSDP1 models: left as is",
+    DUAL_VERSION: "code that already serves FSDP1 and FSDP2: left as is",
     LEFTOVER: "FSDP1 reference that no rule converted or reported",
 }
-_ALWAYS_ON = frozenset({PARSE_ERROR, INTERNAL_ERROR})
+# Errors, and what keeps a program from being half migrated, are always said.
+_ALWAYS_ON = frozenset({PARSE_ERROR, INTERNAL_ERROR, BLOCKED, KEPT_FSDP1, DUAL_VERSION})
 
 
 def all_codes() -> dict[str, str]:

@@ -14,6 +14,7 @@ why. It also gives FSDP1 construction names found outside a converted call
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.program import BLOCKED, DUAL_VERSION
 from migrate_fsdp.rewrite.rule import Rule
 from migrate_fsdp.rewrite.rules.construction.analysis import Analysis
 from migrate_fsdp.rewrite.rules.construction.arguments import Unbindable, bind
@@ -126,6 +127,7 @@ class WrapCall(Rule):
             can_insert=self.ctx.can_insert_statements(),
             in_lambda=any(isinstance(n, cst.Lambda) for n in inner),
             is_partial=is_partial,
+            in_dual_version=self.ctx.dual_versions.holds(stack),
         )
 
     # ----- judging every call, before any rewriting -------------------------------------------
@@ -138,7 +140,19 @@ class WrapCall(Rule):
                 if definition is not None:
                     self.analysis.fsdp1_arguments.update(_subtree_ids(definition.value))
         for site in self._sites:
-            self._plans[id(site.node)] = self._plan(site)
+            before = dict(self.ctx.imports), dict(self.ctx.helpers)
+            plan = self._plan(site)
+            why = self.ctx.program.constructor(site.node, converts=not plan.problems and not site.in_dual_version)
+            if why is not None:
+                plan.problems.append(Problem(site.node, BLOCKED, _LEFT_AS_IS + why))
+            elif site.in_dual_version:
+                plan.problems.append(Problem(site.node, DUAL_VERSION, _LEFT_AS_IS + "it serves FSDP1 beside FSDP2"))
+            if plan.problems:  # nothing of a conversion that does not happen stays behind
+                self.ctx.imports.clear()
+                self.ctx.imports.update(before[0])
+                self.ctx.helpers.clear()
+                self.ctx.helpers.update(before[1])
+            self._plans[id(site.node)] = plan
         self._find_removed_definitions()
         self._share_setup_at_kwargs_dicts()
 

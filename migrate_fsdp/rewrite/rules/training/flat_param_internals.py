@@ -13,7 +13,7 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.names import FSDP1_EXPORTS, FSDP_PACKAGE, is_fsdp1
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, code_of
-from migrate_fsdp.rewrite.rules.training.models import Kind
+from migrate_fsdp.rewrite.analysis.models import Kind
 
 # Private attributes of FSDP1 instances (and their handles), reported on FSDP1 models.
 _PRIVATE_ATTRIBUTES = frozenset(

@@ -20,7 +20,7 @@ not FSDP1 it is presumed DDP's).
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, code_of
-from migrate_fsdp.rewrite.rules.training.models import Kind
+from migrate_fsdp.rewrite.analysis.models import Kind
 
 _HELPER = '''
 @{contextmanager}

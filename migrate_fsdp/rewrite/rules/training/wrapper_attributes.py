@@ -15,7 +15,7 @@ reported on any receiver.
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, code_of
-from migrate_fsdp.rewrite.rules.training.models import Kind
+from migrate_fsdp.rewrite.analysis.models import Kind
 
 _ADVICE = {
     "module": "FSDP2 wraps nothing: use the model itself (`fully_shard` shards it in place)",
