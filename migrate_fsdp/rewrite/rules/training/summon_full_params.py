@@ -29,9 +29,8 @@ from migrate_fsdp.rewrite.rules.training.base import (
     bind,
     from_template,
     literal_bool,
-    walk,
 )
-from migrate_fsdp.rewrite.syntax import dotted
+from migrate_fsdp.rewrite.syntax import dotted, walk
 
 _PARAMS = ("module", "recurse", "writeback", "rank0_only", "offload_to_cpu", "with_grads")
 _DEFAULTS = {"recurse": True, "writeback": True, "rank0_only": False, "offload_to_cpu": False, "with_grads": False}
