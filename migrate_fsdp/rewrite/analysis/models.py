@@ -772,6 +772,11 @@ class FsdpModels:
         untied = self._traced(node, stack, out_of_sight) is Kind.FSDP
         return Origins(ties, fsdp2, untied)
 
+    def is_fsdp2_module(self, node, stack) -> bool:
+        """`node` holds an FSDP2 module and nothing else: its own methods are not FSDP1 API."""
+        origins = self.origins(node, tuple(stack))
+        return origins is not None and origins.fsdp2 and not origins.constructors and not origins.untied
+
     def _traced(self, node, stack, assume: dict) -> Kind:
         saved = self._memo, self._assume
         self._memo, self._assume = {}, assume

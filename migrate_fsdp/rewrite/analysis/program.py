@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.models import fsdp_models
+from migrate_fsdp.rewrite.names import canonical, is_fsdp1
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
 BLOCKED = "MF003"  # a use of a model whose constructor stays FSDP1
@@ -43,7 +44,10 @@ class Use:
 class FileFacts:
     path: str
     constructors: dict = field(default_factory=dict)  # Position -> converts on its own
+    places: dict = field(default_factory=dict)  # constructor Position -> the function holding it, for messages
     uses: dict = field(default_factory=dict)  # (Position, code) -> Use
+    imports_fsdp1: bool = False  # names torch's FSDP1 (not fairscale's, not FSDP2)
+    asked_about_fsdp1: bool = False  # a rule asked whether the program builds FSDP1 models at all
 
 
 @dataclass(frozen=True)
@@ -58,14 +62,21 @@ class Verdict:
 
     blocked: dict = field(default_factory=dict)  # constructor Position -> why it stays FSDP1
     denied: dict = field(default_factory=dict)  # (Position, code) -> Denial
+    builds_fsdp1: bool = False  # another file of the program uses torch's FSDP1
 
     def __bool__(self) -> bool:
-        return bool(self.blocked or self.denied)
+        return bool(self.blocked or self.denied or self.builds_fsdp1)
 
 
 def decide(facts: list[FileFacts]) -> dict[str, Verdict]:
     """The verdict for every file whose first rewrite must be redone (others are final)."""
     parent: dict = {}
+
+    places = {(f.path, p): f.places.get(p, "") for f in facts for p in f.constructors}
+
+    def where(site) -> str:
+        # No line number: TODO lines the rewrite adds above a constructor would change it on every run.
+        return f"{site[0]}" + (f" ({places[site]})" if places.get(site) else "")
 
     def find(site):
         while parent.setdefault(site, site) != site:
@@ -83,28 +94,24 @@ def decide(facts: list[FileFacts]) -> dict[str, Verdict]:
         cause.setdefault(find(site), site)
     verdicts: dict[str, Verdict] = {}
     first_kept = min(kept) if kept else None
+    builds_fsdp1 = any(f.imports_fsdp1 or f.constructors for f in facts)
     for file in facts:
-        verdict = Verdict()
+        verdict = Verdict(builds_fsdp1=builds_fsdp1 and file.asked_about_fsdp1)
         for position, converts in file.constructors.items():
             blocker = cause.get(find((file.path, position)))
             if converts and blocker is not None:
-                verdict.blocked[position] = f"stays FSDP1 with {_where(blocker)}, which shares its uses"
+                verdict.blocked[position] = f"stays FSDP1 with the FSDP(...) in {where(blocker)}, which shares its uses"
         for key, use in file.uses.items():
             blockers = sorted(b for b in (cause.get(find((file.path, p))) for p in use.ties) if b is not None)
             if blockers:
-                verdict.denied[key] = Denial(BLOCKED, f"blocked by {_where(blockers[0])} (model stays FSDP1)")
+                verdict.denied[key] = Denial(BLOCKED, f"blocked: the model's FSDP(...) in {where(blockers[0])} stays FSDP1")
             elif use.untied and first_kept is not None:
                 verdict.denied[key] = Denial(
-                    KEPT_FSDP1, f"model may be FSDP1: {_where(first_kept)} stays FSDP1; convert it first"
+                    KEPT_FSDP1, f"model may be FSDP1: the FSDP(...) in {where(first_kept)} stays; convert that first"
                 )
         if verdict:
             verdicts[file.path] = verdict
     return verdicts
-
-
-def _where(site) -> str:
-    path, (line, _) = site
-    return f"{path}:{line}"
 
 
 class Gate:
@@ -117,15 +124,27 @@ class Gate:
     def __init__(self, ctx, verdict: Verdict | None) -> None:
         self.ctx = ctx
         self.verdict = verdict
-        self.facts = FileFacts(ctx.path)
+        self.facts = FileFacts(ctx.path, imports_fsdp1=_imports_fsdp1(ctx))
 
-    def constructor(self, node, converts: bool) -> str | None:
-        """Why the constructor `node` must stay FSDP1 although it could convert, if it must."""
+    def constructor(self, node, converts: bool, stack) -> str | None:
+        """Why the constructor `node` (at `stack`) must stay FSDP1 although it could convert, if it must."""
         position = self.ctx.position(node)
         self.facts.constructors[position] = converts
+        function = next((n for n in reversed(stack) if isinstance(n, (cst.FunctionDef, cst.ClassDef))), None)
+        self.facts.places[position] = f"{function.name.value}()" if isinstance(function, cst.FunctionDef) else ""
         if not converts or self.verdict is None:
             return None
         return self.verdict.blocked.get(position)
+
+    def may_build_fsdp1(self) -> bool:
+        """Whether a model this file cannot see may be torch's FSDP1 model: only when the program
+        uses torch's FSDP1 somewhere (a `.no_sync()` in a DDP, fairscale or Megatron program is theirs)."""
+        if self.facts.imports_fsdp1 or self.facts.constructors or fsdp_models(self.ctx).constructors:
+            return True
+        if self.verdict is not None:
+            return self.verdict.builds_fsdp1
+        self.facts.asked_about_fsdp1 = True
+        return False
 
     def use(self, node, code: str, stack) -> Denial | None:
         """Why the FSDP1 use `node` (original, at `stack`) must not become FSDP2 code, if it must not."""
@@ -156,3 +175,19 @@ def _model_expressions(node):
     for child, _ in walk(node):
         if isinstance(child, (cst.Name, cst.Attribute)) and dotted(child):
             yield child
+
+
+def _imports_fsdp1(ctx) -> bool:
+    """The file imports a name of torch's FSDP1 (a cheap text test first: most files name none)."""
+    if "fsdp" not in ctx.text:
+        return False
+    for statement, _ in walk(ctx.module):
+        if isinstance(statement, cst.ImportFrom) and not statement.relative and statement.module is not None:
+            if not isinstance(statement.names, cst.ImportStar):
+                module = dotted(statement.module)
+                if any(is_fsdp1(canonical(f"{module}.{dotted(alias.name)}")) for alias in statement.names):
+                    return True
+        elif isinstance(statement, cst.Import):
+            if any(is_fsdp1(dotted(alias.name)) for alias in statement.names):
+                return True
+    return False

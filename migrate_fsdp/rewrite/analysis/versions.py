@@ -67,6 +67,9 @@ class DualVersionRegions:
         for node, parents in walk(module):
             if isinstance(node, cst.If) and not isinstance(parents[-1] if parents else None, cst.If):
                 why = self._dispatching_if(node)
+                function = next((p for p in reversed(parents) if isinstance(p, cst.FunctionDef)), None)
+                if why is not None and function is not None and _exits(node.body) and node.orelse is None:
+                    node = function  # `if fsdp2: ...; return` - the rest of the function is the other branch
             elif isinstance(node, cst.Tuple) and all(self._versions(node)):
                 why = "names the FSDP1 and the FSDP2 class together"
                 node = next(p for p in reversed(parents) if isinstance(p, (cst.SimpleStatementLine, cst.BaseCompoundStatement)))
@@ -90,3 +93,11 @@ class DualVersionRegions:
         if any(_VERSION_TEST.search(self.ctx.code(test)) for test in tests):
             return "tests the torch version"
         return None
+
+
+def _exits(body) -> bool:
+    """The block always leaves its function or loop."""
+    statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
+    last = statements[-1] if statements else None
+    small = last.body[-1] if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) else None
+    return isinstance(small, (cst.Return, cst.Raise, cst.Continue, cst.Break))

@@ -128,6 +128,7 @@ class WrapCall(Rule):
             in_lambda=any(isinstance(n, cst.Lambda) for n in inner),
             is_partial=is_partial,
             in_dual_version=self.ctx.dual_versions.holds(stack),
+            stack=tuple(stack),
         )
 
     # ----- judging every call, before any rewriting -------------------------------------------
@@ -142,7 +143,7 @@ class WrapCall(Rule):
         for site in self._sites:
             before = dict(self.ctx.imports), dict(self.ctx.helpers)
             plan = self._plan(site)
-            why = self.ctx.program.constructor(site.node, converts=not plan.problems and not site.in_dual_version)
+            why = self.ctx.program.constructor(site.node, converts=not plan.problems and not site.in_dual_version, stack=site.stack)
             if why is not None:
                 plan.problems.append(Problem(site.node, BLOCKED, _LEFT_AS_IS + why))
             elif site.in_dual_version:

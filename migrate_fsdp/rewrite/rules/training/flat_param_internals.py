@@ -91,7 +91,7 @@ class FlatParamInternals(TrainingRule):
         if name not in _PRIVATE_ATTRIBUTES or self._is_module_path(original) or self._in_import():
             return updated
         kind = self.receiver_kind(original)
-        if kind is Kind.FSDP or (name in _UNMISTAKABLE and kind is not Kind.DDP):
+        if kind is Kind.FSDP or (name in _UNMISTAKABLE and kind is not Kind.DDP and self.ctx.program.may_build_fsdp1()):
             receiver = code_of(self.ctx, original.value)
             self.ctx.report(original, self.code, f"`{receiver}.{name}` is an FSDP1 internal; {_ADVICE}")
         return updated

@@ -85,7 +85,7 @@ class NoSync(TrainingRule):
         kind = self.receiver_kind(func)
         if kind is Kind.FSDP:
             return self.fsdp2_ahead(func)
-        if kind is Kind.UNKNOWN and not self.models.file_may_hold_ddp:
+        if kind is Kind.UNKNOWN and not self.models.file_may_hold_ddp and self.ctx.program.may_build_fsdp1():
             receiver = code_of(self.ctx, func.value)
             self.ctx.report(
                 func,

@@ -453,11 +453,14 @@ def {name}(state_dict, offload_to_cpu, rank0_only):
 
     Gathers every DTensor to a full tensor, one at a time and on every rank (a
     collective); moves it to CPU when `offload_to_cpu`; with `rank0_only`,
-    ranks other than 0 get an empty dict, as FSDP1 gave them.
+    ranks other than 0 get an empty dict, as FSDP1 gave them. Rank 0 is FSDP1's: of
+    the group the model is sharded over (its mesh's last dimension), not the world.
     """
+    meshes = []
 
     def full(value):
         if isinstance(value, {dtensor}):
+            meshes.append(value.device_mesh)
             value = value.full_tensor()
         if isinstance(value, {tensor}) and offload_to_cpu:
             return value.cpu()
@@ -468,7 +471,8 @@ def {name}(state_dict, offload_to_cpu, rank0_only):
         return value
 
     result = full(state_dict)
-    return result if not rank0_only or {get_rank}() == 0 else {{}}
+    rank = meshes[0].get_local_rank(meshes[0].ndim - 1) if meshes else {get_rank}()
+    return result if not rank0_only or rank == 0 else {{}}
 '''
 GATHER_HELPER_NAME = "fsdp2_full_state_dict"
 

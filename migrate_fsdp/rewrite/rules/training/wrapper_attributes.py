@@ -54,7 +54,7 @@ class WrapperAttributes(TrainingRule):
             self.ctx.report(original, self.code, f"`FSDP.{name}` {what} in FSDP2; {_ADVICE[name]}")
             return updated
         kind = self.receiver_kind(original)
-        if kind is Kind.FSDP or (name in _FSDP1_ONLY and kind is Kind.UNKNOWN):
+        if kind is Kind.FSDP or (name in _FSDP1_ONLY and kind is Kind.UNKNOWN and self.ctx.program.may_build_fsdp1()):
             receiver = code_of(self.ctx, original.value)
             what = "works differently" if name in _CHANGED else "does not exist"
             self.ctx.report(original, self.code, f"`{receiver}.{name}` {what} on an FSDP2 model; {_ADVICE[name]}")
