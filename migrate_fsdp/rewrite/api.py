@@ -6,6 +6,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper
 
 from migrate_fsdp.rewrite.context import FileContext
+from migrate_fsdp.rewrite.deep_stack import call_with_deep_stack, nesting_python_refuses
 from migrate_fsdp.rewrite.diagnostics import Diagnostic
 from migrate_fsdp.rewrite.dispatch import Dispatcher
 from migrate_fsdp.rewrite.imports import finish_module
@@ -52,6 +53,14 @@ def rewrite_source(
     data = source.encode("utf-8") if isinstance(source, str) else source
     if not worth_parsing(data, selection):
         return RewriteResult(path, data, data)
+    too_deep = nesting_python_refuses(data, path)
+    if too_deep:
+        message = f"nested deeper than Python compiles ({too_deep}); file skipped"
+        return RewriteResult(path, data, data, [Diagnostic(path, 1, 1, PARSE_ERROR, message)])
+    return call_with_deep_stack(_rewrite_source, data, path, selection, todo)
+
+
+def _rewrite_source(data: bytes, path: str, selection: Selection, todo: bool) -> RewriteResult:
     try:
         module = cst.parse_module(data)
     except cst.ParserSyntaxError as error:
