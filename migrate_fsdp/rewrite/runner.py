@@ -13,7 +13,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from migrate_fsdp.rewrite.api import RewriteResult, rewrite_source, worth_parsing
-from migrate_fsdp.rewrite.files import discover, is_generated, write_atomically
+from migrate_fsdp.rewrite.files import discover, is_generated, read_each, write_changed
 from migrate_fsdp.rewrite.selection import Selection
 
 
@@ -55,9 +55,8 @@ def _rewrite_one(job: tuple[str, bytes]) -> RewriteResult:
 
 def run(paths: list[str], selection: Selection, *, exclude: list[str], jobs: int, todo: bool, write: bool) -> RunResult:
     files = discover(paths, exclude)
-    jobs_to_do = []
-    for path in files:
-        data = path.read_bytes()
+    jobs_to_do, unreadable = [], []
+    for path, data in read_each(files, unreadable, display_path):
         if is_generated(data) or not worth_parsing(data, selection):
             continue
         jobs_to_do.append((display_path(path), data))
@@ -72,12 +71,10 @@ def run(paths: list[str], selection: Selection, *, exclude: list[str], jobs: int
             results = list(pool.map(_rewrite_one, jobs_to_do))
     else:
         results = [_rewrite_one(job) for job in jobs_to_do]
-    results.sort(key=lambda r: r.path)
+    results = sorted(results + unreadable, key=lambda r: r.path)
 
     if write:
-        for result in results:
-            if result.changed:
-                write_atomically(Path(result.path), result.new_source)
+        write_changed(results)
     return RunResult(scanned=len(files), results=results)
 
 

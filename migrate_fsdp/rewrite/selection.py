@@ -6,6 +6,7 @@ from migrate_fsdp.rewrite.rules import RULES
 
 PARSE_ERROR = "MF001"
 INTERNAL_ERROR = "MF002"
+IO_ERROR = "MF003"
 LEFTOVER = "MF900"
 
 # Codes the engine itself emits. Errors cannot be deselected: a file that was
@@ -13,9 +14,10 @@ LEFTOVER = "MF900"
 ENGINE_CODES = {
     PARSE_ERROR: "file does not parse; skipped",
     INTERNAL_ERROR: "internal error while rewriting; file left unchanged",
+    IO_ERROR: "file cannot be read or written; left unchanged",
     LEFTOVER: "FSDP1 reference that no rule converted or reported",
 }
-_ALWAYS_ON = frozenset({PARSE_ERROR, INTERNAL_ERROR})
+_ALWAYS_ON = frozenset({PARSE_ERROR, INTERNAL_ERROR, IO_ERROR})
 
 
 def all_codes() -> dict[str, str]:
