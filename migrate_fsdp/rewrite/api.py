@@ -7,6 +7,7 @@ from libcst.metadata import MetadataWrapper
 
 from migrate_fsdp.rewrite.analysis.program import FileFacts, Verdict, decide
 from migrate_fsdp.rewrite.context import FileContext
+from migrate_fsdp.rewrite.deep_stack import call_with_deep_stack, nesting_python_refuses
 from migrate_fsdp.rewrite.diagnostics import Diagnostic
 from migrate_fsdp.rewrite.dispatch import Dispatcher
 from migrate_fsdp.rewrite.imports import finish_module
@@ -52,8 +53,13 @@ class ParsedFile:
         if not worth_parsing(data, selection):
             self.done = RewriteResult(path, data, data)
             return
+        too_deep = nesting_python_refuses(data, path)
+        if too_deep:
+            message = f"nested deeper than Python compiles ({too_deep}); file skipped"
+            self.done = RewriteResult(path, data, data, [Diagnostic(path, 1, 1, PARSE_ERROR, message)])
+            return
         try:
-            self.module = cst.parse_module(data)
+            self.module = call_with_deep_stack(cst.parse_module, data)
         except cst.ParserSyntaxError as error:
             message = f"cannot parse: {error.message}; file skipped"
             self.done = RewriteResult(path, data, data, [Diagnostic(path, error.raw_line, error.raw_column + 1, PARSE_ERROR, message)])
@@ -67,6 +73,9 @@ class ParsedFile:
         """The file rewritten (under `verdict`, or as if every constructor converted), and its facts."""
         if self.done is not None:
             return self.done, FileFacts(self.path)
+        return call_with_deep_stack(self._rewrite, verdict)
+
+    def _rewrite(self, verdict: Verdict | None) -> tuple[RewriteResult, FileFacts]:
         try:
             if self._ctx is None:
                 wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from migrate_fsdp.rewrite.api import RewriteResult, worth_parsing
-from migrate_fsdp.rewrite.files import discover, is_generated, write_atomically
+from migrate_fsdp.rewrite.files import discover, is_generated, read_each, write_changed
 from migrate_fsdp.rewrite.selection import Selection
 from migrate_fsdp.rewrite.workers import rewrite_files
 
@@ -39,20 +39,17 @@ def display_path(path: Path) -> str:
 
 def run(paths: list[str], selection: Selection, *, exclude: list[str], jobs: int, todo: bool, write: bool) -> RunResult:
     files = discover(paths, exclude)
-    jobs_to_do = []
-    for path in files:
-        data = path.read_bytes()
+    jobs_to_do, unreadable = [], []
+    for path, data in read_each(files, unreadable, display_path):
         if is_generated(data) or not worth_parsing(data, selection):
             continue
         jobs_to_do.append((display_path(path), data))
     jobs_to_do.sort(key=lambda job: len(job[1]), reverse=True)
 
-    results = sorted(rewrite_files(jobs_to_do, selection, todo, jobs), key=lambda r: r.path)
+    results = sorted(rewrite_files(jobs_to_do, selection, todo, jobs) + unreadable, key=lambda r: r.path)
 
     if write:
-        for result in results:
-            if result.changed:
-                write_atomically(Path(result.path), result.new_source)
+        write_changed(results)
     return RunResult(scanned=len(files), results=results)
 
 
