@@ -11,6 +11,8 @@ import pytest
 from migrate_fsdp.verify import suite
 from tests.verify.helpers import TRAIN, verify
 
+pytestmark = pytest.mark.slow  # launches torchrun (2 gloo ranks)
+
 PAIR_FIXTURES = [f.name for f in suite.discover() if f.kind == "pair"]
 
 
