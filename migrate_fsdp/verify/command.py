@@ -7,7 +7,6 @@ from pathlib import Path
 
 import click
 
-DEFAULT_STEPS = 6
 _RENDEZVOUS = ("--nnodes", "--node-rank", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
                "--master-addr", "--master-port")
 
@@ -25,8 +24,8 @@ def _rendezvous_options(function):
 @click.option("--nproc", type=click.IntRange(min=1), default=2, show_default=True,
               help="Ranks per run (torchrun --nproc-per-node).")
 @click.option("--steps", type=click.IntRange(min=1),
-              help="Stop both runs after this many optimizer steps and compare them. Default: 6 for OLD.py; "
-                   "the fixture suite lets each fixture train to its end.")
+              help="Stop both runs after at most this many optimizer steps. Default: both train to their end "
+                   "and every step is compared.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto: GPUs when there are --nproc of them, else CPU with gloo.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
@@ -107,7 +106,6 @@ def _verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtu
         if old_script is None:
             outcomes = _suite(launch, placement, workdir, fixtures, hand_written)
         else:
-            launch.steps = launch.steps or DEFAULT_STEPS
             outcomes = [_single(old_script, new_script, script_args, launch, placement, workdir)]
     return _finish(outcomes, report, plot, time.monotonic() - started, suite=old_script is None)
 
