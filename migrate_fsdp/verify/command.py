@@ -19,8 +19,12 @@ def _rendezvous_options(function):
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, metavar="[OLD.py] [-- SCRIPT_ARGS...]")
-@click.option("--new", "new_script", type=click.Path(dir_okay=False, path_type=Path),
-              help="The FSDP2 version to compare OLD.py with. Default: our own rewrite of OLD.py.")
+@click.option("--new", "new_script", type=click.Path(path_type=Path), metavar="NEW.py|DIR",
+              help="The FSDP2 version to compare OLD.py with: a script, or the FSDP2 copy of OLD.py's project. "
+                   "Default: our own rewrite of the project.")
+@click.option("--project", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="The project OLD.py belongs to (what the rewrite converts, what --new DIR mirrors). "
+                   "Default: OLD.py's package root.")
 @click.option("--nproc", type=click.IntRange(min=1), default=2, show_default=True,
               help="Ranks per run (torchrun --nproc-per-node).")
 @click.option("--steps", type=click.IntRange(min=1),
@@ -40,13 +44,14 @@ def _rendezvous_options(function):
 @click.option("--logs", type=click.Path(file_okay=False, path_type=Path),
               help="Keep every rank's stdout, stderr and metrics in this directory.")
 @_rendezvous_options
-def verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtures, hand_written, logs, **rdzv):
+def verify(argv, new_script, project, nproc, steps, device, timeout, report, plot, fixtures, hand_written, logs,
+           **rdzv):
     """Train the FSDP1 and the FSDP2 version side by side under torchrun and check that they agree.
 
     \b
     migrate-fsdp verify                      the bundled fixture suite
-    migrate-fsdp verify OLD.py [-- ARGS]     OLD.py against our rewrite of it
-    migrate-fsdp verify OLD.py --new NEW.py [-- ARGS]
+    migrate-fsdp verify OLD.py [-- ARGS]     OLD.py against our rewrite of its project
+    migrate-fsdp verify OLD.py --new NEW.py|DIR [-- ARGS]
 
     Compares, step by step, the loss, the global gradient and parameter norms
     (bit for bit where the setting allows) and the set of sharded modules, and
@@ -58,8 +63,8 @@ def verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtur
     # SIGTERM (a CI job's timeout, kill) then unwinds like Ctrl-C, through the launcher's cleanup of the runs.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        code = _verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtures, hand_written, logs,
-                       rdzv)
+        code = _verify(argv, new_script, project, nproc, steps, device, timeout, report, plot, fixtures, hand_written,
+                       logs, rdzv)
     except VerifyError as exc:
         click.echo(f"migrate-fsdp verify: error: {exc}", err=True)
         code = 2
@@ -71,22 +76,26 @@ def verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtur
     sys.exit(code)
 
 
-def _verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtures, hand_written, logs, rdzv):
+def _verify(argv, new_script, project, nproc, steps, device, timeout, report, plot, fixtures, hand_written, logs,
+            rdzv):
     import tempfile
 
     from migrate_fsdp.verify.errors import VerifyError
     from migrate_fsdp.verify.launcher import Launch
     from migrate_fsdp.verify.placement import plan, visible_gpus
+    from migrate_fsdp.verify.project import project_root
 
     # Click keeps no trace of `--`: a first argument that looks like a flag was meant for the script.
     old_script, script_args = (Path(argv[0]), list(argv[1:])) if argv and not argv[0].startswith("-") else (None, argv)
-    if old_script is None and (new_script or script_args):
-        raise VerifyError("--new and script arguments need OLD.py")
+    if old_script is None and (new_script or project or script_args):
+        raise VerifyError("--new, --project and script arguments need OLD.py")
     if old_script is not None and (fixtures or hand_written):
         raise VerifyError("--fixture and --hand-written apply to the fixture suite (no OLD.py)")
-    for path in (old_script, new_script):
-        if path is not None and not path.is_file():
-            raise VerifyError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
+    if old_script is not None and not old_script.is_file():
+        raise VerifyError(f"{old_script}: {'not a file' if old_script.exists() else 'no such file'}")
+    root = project_root(old_script, project) if old_script is not None else None
+    if new_script is not None:
+        new_script = _new_version(old_script, root, new_script)
     for path in (report, plot, logs):
         if path is not None and not path.resolve().parent.is_dir():
             raise VerifyError(f"{path}: its directory does not exist")
@@ -106,7 +115,7 @@ def _verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtu
         if old_script is None:
             outcomes = _suite(launch, placement, workdir, fixtures, hand_written)
         else:
-            outcomes = [_single(old_script, new_script, script_args, launch, placement, workdir)]
+            outcomes = [_single(old_script, root, new_script, script_args, launch, placement, workdir)]
     return _finish(outcomes, report, plot, time.monotonic() - started, suite=old_script is None)
 
 
@@ -123,7 +132,23 @@ def _check_writable(report, plot, logs):
             raise VerifyError(f"{path}: cannot write there ({exc.strerror})") from exc
 
 
-def _single(old_script, new_script, script_args, launch, placement, workdir):
+def _new_version(old_script, root, new):
+    """The FSDP2 script: NEW.py itself, or OLD.py's place in the FSDP2 project DIR."""
+    from migrate_fsdp.verify.errors import VerifyError
+    from migrate_fsdp.verify.project import in_project
+
+    if not new.exists():
+        raise VerifyError(f"{new}: no such file or directory")
+    if not new.is_dir():
+        return new
+    script = in_project(old_script, root, new)
+    if not script.is_file():
+        raise VerifyError(f"--new {new}: no {script.relative_to(new)} in it (OLD.py's place in its project {root}); "
+                          "pass the FSDP2 copy of that directory, or --project")
+    return script
+
+
+def _single(old_script, root, new_script, script_args, launch, placement, workdir):
     from migrate_fsdp.verify.launcher import Side
     from migrate_fsdp.verify.pair import run_pair
     from migrate_fsdp.verify.rewrite_side import rewritten_side
@@ -133,8 +158,7 @@ def _single(old_script, new_script, script_args, launch, placement, workdir):
     if new_script is not None:
         new = Side("new", new_script.resolve(), script_args, shown=str(new_script))
     else:
-        new = rewritten_side(old.script, script_args, workdir)
-        new.shown = f"rewrite of {old_script}"
+        new = rewritten_side(old.script, root, script_args, workdir)
     click.echo(f"verify: {old.shown} (old) vs {new.shown} (new) ...")
     outcome = run_pair(str(old_script), old, new, launch, placement, workdir)
     click.echo(render_pair(outcome))

@@ -26,7 +26,6 @@ class Side:
     script: Path
     args: list = field(default_factory=list)
     shown: str = ""  # how reports name it
-    sys_path: Path | None = None  # sys.path[0] when the script runs from a copy (a rewrite)
     watched: bool = True  # False: torchrun runs the script itself, without the probe (a set-up step)
 
     def __post_init__(self):
@@ -131,9 +130,6 @@ def _environment(side: Side, launch: Launch, placement_env: dict, directory: Pat
     env.update(placement_env)
     env[metrics.ENV_DIR] = str(directory)
     env[metrics.ENV_STEPS] = str(launch.steps or "")
-    env.pop(metrics.ENV_SYS_PATH, None)
-    if side.sys_path is not None:
-        env[metrics.ENV_SYS_PATH] = str(side.sys_path)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its warning
     if device == "cuda":

@@ -11,7 +11,6 @@ from pathlib import Path
 # How the launcher tells the probe in each rank what to do.
 ENV_DIR = "MIGRATE_FSDP_VERIFY_DIR"  # where the rank files go
 ENV_STEPS = "MIGRATE_FSDP_VERIFY_STEPS"  # stop after this many optimizer steps; empty: run to the end
-ENV_SYS_PATH = "MIGRATE_FSDP_VERIFY_SYS_PATH"  # sys.path[0] for the script (a rewrite runs from a temp dir)
 
 
 def metrics_path(directory, rank: int) -> Path:

@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     recorder.install()
 
     sys.argv = [script, *argv[1:]]
-    sys.path[0] = os.environ.get(metrics.ENV_SYS_PATH) or os.path.dirname(script)
+    sys.path[0] = os.path.dirname(script)
     end = {"status": "finished"}
     code = 0
     try:
