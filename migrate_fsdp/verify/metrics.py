@@ -46,6 +46,7 @@ class RankMetrics:
     started: bool = False
     setups: list = field(default_factory=list)  # one per optimizer, in the order they first stepped
     steps: list = field(default_factory=list)
+    saves: list = field(default_factory=list)  # checkpoints written, in order: {"kind", "path"}
     end: dict | None = None
 
     @property
@@ -71,6 +72,8 @@ def read_rank(path: Path, rank: int) -> RankMetrics:
             metrics.setups.append(record)
         elif event == "step":
             metrics.steps.append(record)
+        elif event == "save":
+            metrics.saves.append(record)
         elif event == "end":
             metrics.end = record
     return metrics
