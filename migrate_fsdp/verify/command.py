@@ -199,15 +199,22 @@ def _finish(outcomes, report, plot, wall_s, suite):
                    f"{names}", err=True)
     elif not_run:
         click.echo(f"migrate-fsdp verify: error: {not_run[0].failures[0].message}", err=True)
-    try:
-        if report is not None:
-            from migrate_fsdp.verify.report import write_report
+    if report is not None:
+        from migrate_fsdp.verify.report import write_report
 
-            write_report(report, outcomes, code, wall_s)
-        if plot is not None and any(o.verdict is not None for o in outcomes):
-            from migrate_fsdp.verify.plot import write_plot
+        _writing(report, lambda: write_report(report, outcomes, code, wall_s))
+    if plot is not None and any(o.verdict is not None for o in outcomes):
+        from migrate_fsdp.verify.plot import write_plot
 
-            write_plot(plot, outcomes)
-    except OSError as exc:
-        raise VerifyError(f"cannot write {exc.filename}: {exc.strerror}") from exc
+        _writing(plot, lambda: write_plot(plot, outcomes))
     return code
+
+
+def _writing(path, write) -> None:
+    """Write an output file; a failure names the user's path, not the temporary file beside it."""
+    from migrate_fsdp.verify.errors import VerifyError
+
+    try:
+        write()
+    except OSError as exc:
+        raise VerifyError(f"cannot write {path}: {exc.strerror}; the comparison ran, see above") from exc
