@@ -83,6 +83,7 @@ def _verify(argv, new_script, project, nproc, steps, device, timeout, report, pl
     from migrate_fsdp.verify.errors import VerifyError
     from migrate_fsdp.verify.launcher import Launch
     from migrate_fsdp.verify.placement import plan, visible_gpus
+    from migrate_fsdp.verify.progress import LiveLine
     from migrate_fsdp.verify.project import project_root
 
     # Click keeps no trace of `--`: a first argument that looks like a flag was meant for the script.
@@ -109,6 +110,7 @@ def _verify(argv, new_script, project, nproc, steps, device, timeout, report, pl
                     rendezvous=[[flag, rdzv[flag[2:].replace("-", "_")]] for flag in _RENDEZVOUS
                                 if rdzv[flag[2:].replace("-", "_")] is not None])
     placement = plan(device, nproc, visible_gpus() if device != "cpu" else [], launch.standalone)
+    launch.progress = LiveLine.for_terminal(steps)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="migrate-fsdp-verify-") as scratch:
         workdir = Path(logs) if logs else Path(scratch)
