@@ -5,6 +5,7 @@ rewritten form. An incomplete rewrite is refused before anything runs: there
 would be no FSDP2 version to compare.
 """
 
+import shutil
 from pathlib import Path
 
 from migrate_fsdp.verify.errors import VerifyError
@@ -33,6 +34,7 @@ def rewritten_side(old_script: Path, root: Path, args: list, workdir: Path) -> S
     except ImportError as exc:
         raise VerifyError(f"the rewrite engine is not available ({exc}); pass the FSDP2 version with --new") from exc
     copy = workdir / "rewrite" / root.name
+    shutil.rmtree(copy, ignore_errors=True)  # a kept --logs directory holds an earlier run's copy
     mirror(root, copy)
     result = run([str(copy)], Selection.from_prefixes(None, None), exclude=[], jobs=default_jobs(), todo=True,
                  write=True)

@@ -46,6 +46,7 @@ def test_the_copy_holds_the_code_and_links_the_rest(tmp_path):
 
 def test_every_module_of_the_project_is_rewritten_and_the_original_left_alone(tmp_path):
     before = {p.name: p.read_bytes() for p in PROJECT.iterdir()}
+    rewritten_side(PROJECT / "train.py", PROJECT, [], tmp_path)  # a kept --logs directory: made again
     side = rewritten_side(PROJECT / "train.py", PROJECT, ["--steps", "2"], tmp_path)
     assert side.name == "new" and side.args == ["--steps", "2"]
     assert side.script == tmp_path / "rewrite" / "fsdp1" / "train.py"
