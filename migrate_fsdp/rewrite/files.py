@@ -47,7 +47,7 @@ def _excluded(path: Path, root: Path, patterns: list[str]) -> bool:
     )
 
 
-def _skipped_dir(path: Path) -> bool:
+def skipped_dir(path: Path) -> bool:
     return path.name in _SKIPPED_DIRS or path.name.endswith(".egg-info") or (path / "pyvenv.cfg").exists()
 
 
@@ -65,7 +65,7 @@ def discover(paths: list[str], exclude: list[str]) -> list[Path]:
         for directory, subdirs, files in os.walk(root):
             here = Path(directory)
             subdirs[:] = sorted(
-                d for d in subdirs if not _skipped_dir(here / d) and not _excluded(here / d, root, exclude)
+                d for d in subdirs if not skipped_dir(here / d) and not _excluded(here / d, root, exclude)
             )
             for name in files:
                 path = here / name

@@ -35,6 +35,7 @@ def variants(tmp_path_factory):
         ("dtensor_rank0", "DTensor"),
     ],
 )
+@pytest.mark.slow
 def test_fsdp_checkpoints_that_are_not_full(variants, tmp_path, name, expected):
     done = cli_process(variants / f"{name}.pt", tmp_path / "dcp")
     assert done.returncode == 2
@@ -43,6 +44,7 @@ def test_fsdp_checkpoints_that_are_not_full(variants, tmp_path, name, expected):
     assert not (tmp_path / "dcp").exists()
 
 
+@pytest.mark.slow
 def test_the_full_checkpoint_of_the_same_run_converts(variants, tmp_path):
     result = cli(variants / "full_rank0.pt", tmp_path / "dcp", "--verify")
     assert result.exit_code == 0, result.output
