@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.rules.construction import choice
 from migrate_fsdp.rewrite.rules.construction.codegen import call
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 
@@ -69,22 +70,38 @@ class MixedPrecisionRule(KeywordRule):
     }
 
     def apply(self, argument, plan) -> None:
-        value, _ = self.analysis.follow(argument.value, plan)
-        if self.analysis.is_none(value):
+        follow = lambda node: self.analysis.follow(node, plan)[0]
+        tree = choice.resolve(argument.value, lambda value, source: self._branch(value, source, argument), follow)
+        branches = choice.leaves(tree)
+        if all(settings is None for settings in branches):
             return
-        if not (isinstance(value, cst.Call) and self.ctx.matches(value.func, MIXED_PRECISION)):
-            shown = self.ctx.code(argument.value)
-            if self.ctx.qualified_names(value) and all(q.startswith("torch.") for q in self.ctx.qualified_names(value)):
-                raise Unconvertible(
-                    f"mixed_precision={shown} is not a MixedPrecision (FSDP1 fails on it); write "
-                    f"MixedPrecision(param_dtype={shown}), i.e. FSDP2's mp_policy=MixedPrecisionPolicy(param_dtype={shown})"
-                )
-            why = "is also used outside FSDP(...) calls" if self.analysis.shared_name(value) else "is known only at run time"
+        if isinstance(tree, choice.Choice) and any(s is not None and self._buffer_dtype(s) is not None for s in branches):
             raise Unconvertible(
-                f"mixed_precision={shown} {why}; pass fully_shard "
-                "mp_policy=MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...) with the same dtypes"
+                f"mixed_precision={self.ctx.code(argument.value)} chooses a MixedPrecision with buffer_dtype at run time; "
+                "fully_shard does not cast buffers, so cast them after sharding in the branch that needs it"
             )
-        plan.mixed_precision = self._settings(value)
+        plan.mixed_precision = tree
+
+    def _branch(self, value, source, argument) -> Settings | None:
+        """The settings of one possible value (None: no mixed precision); `source` is it as written."""
+        if self.analysis.is_none(value):
+            return None
+        if isinstance(value, cst.Call) and self.ctx.matches(value.func, MIXED_PRECISION):
+            return self._settings(value)
+        shown = self.ctx.code(source)
+        where = None if source is argument.value else source
+        if self.ctx.qualified_names(value) and all(q.startswith("torch.") for q in self.ctx.qualified_names(value)):
+            raise Unconvertible(
+                f"mixed_precision={shown} is not a MixedPrecision (FSDP1 fails on it); write "
+                f"MixedPrecision(param_dtype={shown}), i.e. FSDP2's mp_policy=MixedPrecisionPolicy(param_dtype={shown})",
+                where,
+            )
+        why = "is also used outside FSDP(...) calls" if self.analysis.shared_name(value) else "is known only at run time"
+        raise Unconvertible(
+            f"mixed_precision={shown} {why}; pass fully_shard "
+            "mp_policy=MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...) with the same dtypes",
+            where,
+        )
 
     def _settings(self, call_node: cst.Call) -> Settings:
         settings = Settings()
@@ -110,8 +127,13 @@ class MixedPrecisionRule(KeywordRule):
 
     # ----- building the FSDP2 policies ----------------------------------------------------
 
-    def policy(self, settings: Settings, root: bool) -> cst.Call:
-        """The MixedPrecisionPolicy of the root (`root`) or of an auto-wrapped child."""
+    def policy(self, settings, root: bool) -> cst.BaseExpression:
+        """The MixedPrecisionPolicy of the root (`root`) or of an auto-wrapped child, in each branch of a choice."""
+        return choice.join(settings, lambda branch: self._policy(branch, root))
+
+    def _policy(self, settings: Settings | None, root: bool) -> cst.Call:
+        if settings is None:
+            return call(self.ctx.require_import(*POLICY))
         kwargs = {name: settings.dtype(name) for name in ("param_dtype", "reduce_dtype") if settings.dtype(name) is not None}
         if "param_dtype" in kwargs:
             cast = (settings.cast_root or settings.cast) if root else settings.cast
@@ -119,16 +141,27 @@ class MixedPrecisionRule(KeywordRule):
                 kwargs["cast_forward_inputs"] = cst.Name("False")
         return call(self.ctx.require_import(*POLICY), **kwargs)
 
-    def full_precision_policy(self, settings: Settings, anchor) -> cst.Call:
+    def full_precision_policy(self, settings, anchor) -> cst.BaseExpression:
         """For the modules FSDP1 kept in full precision: float32 compute, outputs cast back to param_dtype."""
+        return choice.join(settings, lambda branch: None if branch is None else self._full_precision_policy(branch, anchor))
+
+    def _full_precision_policy(self, settings: Settings, anchor) -> cst.Call:
         param_dtype = settings.dtype("param_dtype")
         if param_dtype is None:
             return call(self.ctx.require_import(*POLICY))
         float32 = self.analysis.names.ref(anchor, "torch.float32")
         return call(self.ctx.require_import(*POLICY), param_dtype=float32, output_dtype=param_dtype)
 
-    def full_precision_classes(self, settings: Settings, anchor) -> cst.BaseExpression | None:
-        """The classes FSDP1 wrapped separately in full precision; None when there are none."""
+    def full_precision_classes(self, settings, anchor) -> cst.BaseExpression | None:
+        """The classes FSDP1 wrapped separately in full precision (`()` in a branch without); None when there are none."""
+        branches = {id(branch): self._full_precision_classes(branch, anchor) for branch in choice.leaves(settings)}
+        if all(classes is None for classes in branches.values()):
+            return None
+        return choice.join(settings, lambda branch: cst.Tuple([]) if branches[id(branch)] is None else branches[id(branch)])
+
+    def _full_precision_classes(self, settings: Settings | None, anchor) -> cst.BaseExpression | None:
+        if settings is None:
+            return None
         given = settings.values.get("_module_classes_to_ignore")
         if given is None:
             return cst.parse_expression(self.analysis.names.ref(anchor, BATCH_NORM))
@@ -136,8 +169,11 @@ class MixedPrecisionRule(KeywordRule):
             return None
         return call("tuple", given)
 
-    def buffer_dtype(self, settings: Settings) -> cst.BaseExpression | None:
-        """The dtype buffers must be cast to, unless it is a no-op (None, float32)."""
+    def buffer_dtype(self, settings) -> cst.BaseExpression | None:
+        """The dtype buffers must be cast to, unless it is a no-op (None, float32); a choice never has one (see apply)."""
+        return None if isinstance(settings, choice.Choice) else self._buffer_dtype(settings)
+
+    def _buffer_dtype(self, settings: Settings) -> cst.BaseExpression | None:
         dtype = settings.dtype("buffer_dtype")
         if dtype is None or self.ctx.matches(dtype, "torch.float32", "torch.float"):
             return None
