@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import call, is_reevaluable, keyword, statements, with_commas
+from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, is_reevaluable, keyword, statements, with_commas
 
 # fully_shard's keyword order.
 _ORDER = ("mesh", "reshard_after_forward", "mp_policy", "offload_policy", "ignored_params")
@@ -59,8 +59,7 @@ class Emitter:
 
     def _variable(self, prefix: list, name: str, value, *fallbacks: str) -> cst.Name:
         var = self.names.fresh(self.anchor, name, *fallbacks)
-        # Built, not templated: a whole right-hand side needs no parentheses (`x = a if c else b`).
-        prefix.append(cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(var))], value)]))
+        prefix.append(assign(var, value))
         return cst.Name(var)
 
     def emit(self) -> Emission:
