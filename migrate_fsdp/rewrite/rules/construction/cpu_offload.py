@@ -33,15 +33,25 @@ class CpuOffloadRule(KeywordRule):
     }
 
     def apply(self, argument, plan) -> None:
-        follow = lambda node: self.analysis.follow(node, plan)[0]
-        tree = choice.resolve(argument.value, lambda value, source: self._branch(value, source, argument), follow)
-        if not any(choice.leaves(tree)):
+        leaf = lambda value, source: self._branch(value, source, argument)
+        definitions = self.analysis.assigned_on_branches(argument.value, plan)
+        if definitions is not None:  # set on several branches: each assignment becomes its policy where it stands
+            trees = {definition: choice.resolve(definition.value, leaf, lambda node: node) for definition in definitions}
+            if not any(offload for tree in trees.values() for offload in choice.leaves(tree)):
+                return
+            for definition, tree in trees.items():
+                plan.redefined[definition] = self._policy(tree, plan)
+            plan.kwargs["offload_policy"] = (argument.value, argument.arg)
             return
-        anchor = plan.site.node
-        available = expression(f"{self.analysis.names.ref(anchor, 'torch.cuda.is_available')}()")
+        tree = choice.resolve(argument.value, leaf, lambda node: self.analysis.follow(node, plan)[0])
+        if any(choice.leaves(tree)):
+            plan.kwargs["offload_policy"] = (self._policy(tree, plan), argument.arg)
+
+    def _policy(self, tree, plan) -> cst.BaseExpression:
+        """CPUOffloadPolicy where `tree` offloads, OffloadPolicy() (FSDP2's default) where it does not."""
+        available = expression(f"{self.analysis.names.ref(plan.site.node, 'torch.cuda.is_available')}()")
         offloading = call(self.ctx.require_import("torch.distributed.fsdp", "CPUOffloadPolicy"), pin_memory=available)
-        policy = choice.join(tree, lambda offload: offloading if offload else call(self.ctx.require_import("torch.distributed.fsdp", "OffloadPolicy")))
-        plan.kwargs["offload_policy"] = (policy, argument.arg)
+        return choice.join(tree, lambda offload: offloading if offload else call(self.ctx.require_import("torch.distributed.fsdp", "OffloadPolicy")))
 
     def _branch(self, value, source, argument):
         """Whether one possible value offloads parameters: a bool, or a Choice on a flag known only at run time."""

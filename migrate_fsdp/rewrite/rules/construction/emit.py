@@ -105,7 +105,7 @@ class Emitter:
                 if self.ctx.module.code_for_node(child_policy) == self.ctx.module.code_for_node(root_policy):
                     root_policy = child["mp_policy"]
             for name in ("offload_policy",):
-                if name in child:
+                if name in child and not isinstance(child[name], cst.Name):
                     child[name] = shared[name] = self._variable(setup, name, child[name], f"fsdp_{name}")
             var = cst.Name(self.names.fresh(self.anchor, plan.policy.var_hint, "module", "submodule"))
             full_precision = None
