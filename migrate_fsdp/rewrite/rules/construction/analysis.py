@@ -80,6 +80,13 @@ class Analysis:
         plan.definitions.append(definition)
         return value, definition
 
+    def owned(self, node, plan) -> Definition | None:
+        """The single definition of a name that only this call reads, so that it can change where it stands."""
+        definition = self.definitions.of(node)
+        if definition is None or not all(id(load) in subtree_ids(plan.site.node) for load in definition.loads):
+            return None
+        return definition
+
     def assigned_on_branches(self, node, plan) -> list[Definition] | None:
         """The assignments of a variable set on several branches (`mp = None` / `if c: mp = MixedPrecision(...)`).
 
