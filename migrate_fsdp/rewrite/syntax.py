@@ -56,3 +56,16 @@ def imported_modules(statement) -> list[str]:
                 modules.extend(dotted(alias.name) for alias in imp.names)
     return modules
 
+
+
+def subtree_ids(node: cst.CSTNode) -> set[int]:
+    """The ids of `node` and of every node under it."""
+    ids = set()
+
+    class _Collect(cst.CSTVisitor):
+        def on_visit(self, child) -> bool:
+            ids.add(id(child))
+            return True
+
+    node.visit(_Collect())
+    return ids
