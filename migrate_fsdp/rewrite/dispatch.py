@@ -14,6 +14,7 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.program import DUAL_VERSION
 from migrate_fsdp.rewrite.context import _STATEMENT_TYPES, FileContext
+from migrate_fsdp.rewrite.diagnostics import is_todo
 from migrate_fsdp.rewrite.syntax import chain_root, dotted
 
 LEFTOVER_CODE = "MF900"
@@ -140,19 +141,17 @@ class Dispatcher(cst.CSTTransformer):
         edits = self.ctx.pop_edits(original)
         if edits is None or not isinstance(updated, _STATEMENT_TYPES):
             return updated
-        if edits.todos:
-            present = {line.comment.value for line in updated.leading_lines if line.comment}
-            new_lines = [
-                cst.EmptyLine(comment=cst.Comment(text)) for text in edits.todos if text not in present
-            ]
-            updated = updated.with_changes(leading_lines=[*updated.leading_lines, *new_lines])
+        todo = self.ctx.todo_line(original, edits.todos) if edits.todos else None
+        if todo is not None:
+            # One TODO a statement: a re-run's (or an older run's) line is replaced, not repeated.
+            kept = [line for line in updated.leading_lines if not (line.comment and is_todo(line.comment.value))]
+            updated = updated.with_changes(leading_lines=[*kept, cst.EmptyLine(comment=cst.Comment(todo))])
         if not (edits.before or edits.after):
             return updated
         group = [*edits.before, updated, *edits.after]
         if edits.before:
-            # Comments above the statement stay above the whole group; TODOs stay on it.
-            todo_texts = set(edits.todos)
-            own = [line for line in updated.leading_lines if line.comment and line.comment.value in todo_texts]
+            # Comments above the statement stay above the whole group; the TODO stays on it.
+            own = [line for line in updated.leading_lines if line.comment and line.comment.value == todo]
             above = [line for line in updated.leading_lines if line not in own]
             group[0] = group[0].with_changes(leading_lines=[*above, *group[0].leading_lines])
             group[len(edits.before)] = updated.with_changes(leading_lines=own)

@@ -187,7 +187,6 @@ def _suite(launch, placement, workdir, names, hand_written):
 
 
 def _finish(outcomes, report, plot, wall_s, suite):
-    from migrate_fsdp.verify.errors import VerifyError
     from migrate_fsdp.verify.pair import overall_exit
     from migrate_fsdp.verify.table import render_suite
 

@@ -382,10 +382,7 @@ class WrapCall(Rule):
                 statement = statement.with_changes(leading_lines=[*statement.leading_lines, *pending])
                 pending = []
             body.append(statement)
-        if not body:
-            body = [cst.SimpleStatementLine([cst.Pass()], leading_lines=pending)]
-            pending = []
-        changes = {"body": body}
+        changes = {"body": body}  # an emptied block goes whole with its statement later (imports.finish_module)
         if pending:
             changes["footer"] = [*block.footer, *pending]
         return block.with_changes(**changes)

@@ -174,7 +174,8 @@ class RemovesStatements(TrainingRule):
     """
 
     def remove_statement(self, original):
-        comments = [line for line in original.leading_lines if line.comment is not None]
+        # A comment above the statement stays, with the blank lines that set it apart.
+        comments = list(original.leading_lines) if any(line.comment for line in original.leading_lines) else []
         trailing = original.trailing_whitespace.comment
         if trailing is not None:  # `cfg = FullStateDictConfig(...)  # why`: the comment goes on its own line
             comments.append(cst.EmptyLine(comment=trailing))
