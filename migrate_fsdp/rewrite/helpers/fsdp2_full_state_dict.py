@@ -25,5 +25,7 @@ def fsdp2_full_state_dict(state_dict, offload_to_cpu, rank0_only):
         return value
 
     result = full(state_dict)
+    if not rank0_only:
+        return result
     rank = meshes[0].get_local_rank(meshes[0].ndim - 1) if meshes else get_rank()
-    return result if not rank0_only or rank == 0 else {}
+    return result if rank == 0 else {}
