@@ -26,7 +26,7 @@ def test_a_long_generated_sum_is_rewritten():
     result = rewrite_source(source, "generated.py")
     assert result.diagnostics == []
     assert result.code == (
-        "from torch.distributed.fsdp import fully_shard\nimport torch.distributed.fsdp as fsdp\n\n"
+        "from torch.distributed.fsdp import fully_shard\n\n"
         "fully_shard(model)\n" + chain(320)
     )
     compile(result.code, "generated.py", "exec")
@@ -60,7 +60,7 @@ def test_nesting_python_refuses_is_a_parse_finding_not_a_crash(tmp_path):
     assert path.read_bytes() == before
 
 
-CONVERTED = "from torch.distributed.fsdp import fully_shard\nimport torch.distributed.fsdp as fsdp\n\nfully_shard(model)\n"
+CONVERTED = "from torch.distributed.fsdp import fully_shard\n\nfully_shard(model)\n"
 
 
 def migrate(*args, cwd=None):
