@@ -76,6 +76,8 @@ def discover(tree, what: str, model_key: str | None = None, optim_key: str | Non
             "(and the optimizer state) in a dict instead of the object itself"
         )
     checkpoint = Checkpoint(root=tree)
+    if not model_key and not optim_key:
+        _refuse_empty_entries(tree, what)
     _find_optimizer(checkpoint, tree, what, optim_key)
     _find_model(checkpoint, tree, what, model_key)
     if checkpoint.optim_flat:
@@ -131,13 +133,26 @@ def _find_model(checkpoint: Checkpoint, tree, what, model_key):
         checkpoint.model_path, checkpoint.model = (), top_tensors
 
 
+def _empty_refusal(what: str, where: str = "") -> Refused:
+    return Refused(
+        f"{what} holds no tensors{where} (an empty state dict): with rank0_only=True only rank 0 receives the full "
+        "state dict, so the other ranks' files are empty; convert the file written by rank 0"
+    )
+
+
+def _refuse_empty_entries(tree: Mapping, what):
+    """A rank>0 file of a rank0_only save: `{"model": {}, "optimizer": {}}` plus whatever else the loop saved
+    (epoch, RNG state). Without this the RNG tensor at the top would be taken for the model."""
+    for key in MODEL_KEYS + OPTIM_KEYS:
+        value = tree.get(key)
+        if isinstance(value, Mapping) and not value:
+            raise _empty_refusal(what, f" under {key!r}")
+
+
 def _refuse(checkpoint: Checkpoint, what):
     model, optimizer = checkpoint.model or {}, checkpoint.optimizer
     if not has_tensor(model) and not has_tensor(optimizer) and not has_tensor(checkpoint.extras):
-        raise Refused(
-            f"{what} holds no tensors (an empty state dict): with rank0_only=True only rank 0 receives the full "
-            "state dict, so the other ranks' files are empty; convert the file written by rank 0"
-        )
+        raise _empty_refusal(what)
     if any(not isinstance(k, str) for k in model):
         raise Refused(f"{what}: the model state dict has non-string keys; it is not a module state dict")
     flat_params = [k for k in model if k.split(".")[-1] in ("flat_param", "_flat_param")]

@@ -12,6 +12,8 @@ import libcst as cst
 from libcst._metadata_dependent import LazyValue
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider, Scope, ScopeProvider
 
+from migrate_fsdp.rewrite.analysis.program import Gate
+from migrate_fsdp.rewrite.analysis.versions import DualVersionRegions
 from migrate_fsdp.rewrite.diagnostics import Diagnostic, todo_comment
 from migrate_fsdp.rewrite.helpers import helper_source, renamed
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
@@ -47,9 +49,10 @@ class _StatementEdits:
 
 
 class FileContext:
-    def __init__(self, path: str, wrapper: MetadataWrapper, selected: frozenset, todo: bool) -> None:
+    def __init__(self, path: str, wrapper: MetadataWrapper, selected: frozenset, todo: bool, text: str = "") -> None:
         self.path = path
         self.module = wrapper.module
+        self.text = text  # the source, for cheap text tests before any walk
         self.facts: dict = {}  # analysis results rules share, keyed by rule name
         self.stack: list[cst.CSTNode] = []  # original nodes from the module down to the current one
         self._wrapper = wrapper
@@ -62,6 +65,16 @@ class FileContext:
         self._edits: dict[int, _StatementEdits] = {}
         self.imports: dict[tuple[str, str], str] = {}  # (module, name) -> local name to add
         self.helpers: dict[str, list[cst.BaseStatement]] = {}
+        self._positions = None
+        self.dual_versions = DualVersionRegions(self)
+        self.program = Gate(self, None)
+
+    def with_verdict(self, verdict) -> "FileContext":
+        """A fresh context over the same parsed tree and metadata, for a rewrite under the program's verdict."""
+        ctx = FileContext(self.path, self._wrapper, self._selected, self._todo, self.text)
+        ctx._positions = self._positions
+        ctx.program = Gate(ctx, verdict)
+        return ctx
 
     # ----- reading the original tree -------------------------------------------------
 
@@ -82,6 +95,13 @@ class FileContext:
     def scope(self, node: cst.CSTNode) -> Scope | None:
         scope = self._scopes.get(node)
         return scope() if isinstance(scope, LazyValue) else scope
+
+    def position(self, node: cst.CSTNode) -> tuple[int, int]:
+        """(line, column), 1-based, where the original `node` starts."""
+        if self._positions is None:
+            self._positions = self._wrapper.resolve(PositionProvider)
+        start = self._positions[node].start
+        return start.line, start.column + 1
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
@@ -177,14 +197,7 @@ class FileContext:
         return todo_comment(codes, indent)
 
     def diagnostics(self) -> list[Diagnostic]:
-        if not self._reports:
-            return []
-        positions = self._wrapper.resolve(PositionProvider)
-        result = []
-        for node, code, message in self._reports:
-            start = positions[node].start
-            result.append(Diagnostic(self.path, start.line, start.column + 1, code, message))
-        return sorted(set(result))
+        return sorted({Diagnostic(self.path, *self.position(node), code, message) for node, code, message in self._reports})
 
     def _edits_for(self, statement: cst.CSTNode) -> _StatementEdits:
         return self._edits.setdefault(id(statement), _StatementEdits())

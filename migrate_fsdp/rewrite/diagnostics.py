@@ -16,6 +16,10 @@ TODO_WIDTH = 100  # the longest TODO line, indentation included
 TODO_REASONS = {
     "MF001": "file does not parse",
     "MF002": "internal error while rewriting",
+    "MF003": "model's FSDP(...) stays FSDP1, so this stays too",
+    "MF004": "model may be FSDP1: convert its FSDP(...) first",
+    "MF005": "serves FSDP1 and FSDP2; left as is",
+    "MF006": "file cannot be read or written",
     "MF101": "FSDP(...) call left as is",
     "MF102": "FSDP1 auto-wrap policy left as is",
     "MF103": "FSDP1 sharding strategy left as is",

@@ -13,6 +13,16 @@ def dotted(node) -> str:
     return ""
 
 
+def walk(*roots):
+    """Every node under `roots` (pre-order) with its ancestors, outermost first."""
+    stack = [(root, ()) for root in reversed(roots)]
+    while stack:
+        node, parents = stack.pop()
+        yield node, parents
+        for child in reversed(list(node.children)):
+            stack.append((child, (*parents, node)))
+
+
 def chain_root(node) -> str:
     """The leftmost name of an attribute chain (`a` for `a.b.c`), "" if there is none."""
     while isinstance(node, cst.Attribute):
@@ -46,3 +56,16 @@ def imported_modules(statement) -> list[str]:
                 modules.extend(dotted(alias.name) for alias in imp.names)
     return modules
 
+
+
+def subtree_ids(node: cst.CSTNode) -> set[int]:
+    """The ids of `node` and of every node under it."""
+    ids = set()
+
+    class _Collect(cst.CSTVisitor):
+        def on_visit(self, child) -> bool:
+            ids.add(id(child))
+            return True
+
+    node.visit(_Collect())
+    return ids

@@ -64,9 +64,10 @@ def check_case(case: Path) -> None:
 
     again = rewrite_source(result.new_source, "before.py")
     assert again.new_source == result.new_source, f"{case.name}: a second run changes the file"
-    assert Counter((d.code, d.message) for d in again.diagnostics) == Counter(
+    # A second run says nothing new (it may say less: what the first run made FSDP2 is FSDP2 code now).
+    assert not Counter((d.code, d.message) for d in again.diagnostics) - Counter(
         (d.code, d.message) for d in result.diagnostics
-    ), f"{case.name}: a second run reports differently"
+    ), f"{case.name}: a second run reports something new"
     todo_lines = [line for line in result.code.splitlines() if line.lstrip().startswith(TODO_PREFIX)]
     for diagnostic in result.diagnostics:
         assert any(diagnostic.code in line for line in todo_lines), f"{case.name}: no TODO names {diagnostic.code}"

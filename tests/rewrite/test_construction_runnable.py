@@ -1,6 +1,7 @@
 """Runnable proof of the construction rules: rewritten FSDP1 scripts train exactly like the originals.
 
-Every `fixtures/train/*/fsdp1.py` is rewritten into tmp_path; the original
+Every `fixtures/train/*/fsdp1.py` and `fixtures/construction/*/fsdp1.py`
+(shapes of construction the verify suite does not need) is rewritten into tmp_path; the original
 and the rewrite run side by side on 2 gloo ranks (`tests.support.torchrun`).
 The construction must convert completely (no MF1xx or catch-all diagnostic)
 and the runs must print the same `step N loss L` values and the same
@@ -22,7 +23,9 @@ from migrate_fsdp.rewrite.api import rewrite_source
 from migrate_fsdp.rewrite.selection import LEFTOVER, Selection
 from tests.support import FIXTURES, step_lines, torchrun
 
-SCRIPTS = sorted((FIXTURES / "train").glob("*/fsdp1.py"))
+pytestmark = pytest.mark.slow  # launches torchrun (2 gloo ranks)
+
+SCRIPTS = sorted([*(FIXTURES / "train").glob("*/fsdp1.py"), *(FIXTURES / "construction").glob("*/fsdp1.py")])
 
 # bf16 mixed precision with gradient accumulation: FSDP1 accumulates the
 # unsharded gradients in bf16, FSDP2 in fp32 (reduce_dtype), so the losses
@@ -100,6 +103,7 @@ def _units(stdout):
     return [line for line in stdout.splitlines() if line.startswith("sharded ")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [s.parent.name for s in SCRIPTS])
 def test_rewrite_trains_like_fsdp1(name, runs):
     diagnostics, original, converted = runs[name]
@@ -173,6 +177,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.slow
 def test_meta_init_rewrite_takes_rank0_weights(tmp_path):
     script = tmp_path / "meta_init_fsdp1.py"
     script.write_text(textwrap.dedent(META_INIT_FSDP1))

@@ -1,6 +1,7 @@
 """The rewrite adds no pyflakes finding: `ruff check --select F` on every fixture's output and on the
 rewrites of the runnable training scripts finds nothing that the input did not have already.
 
+The fixture projects' after/ files are checked against their before/ ones.
 Findings are compared by code and message, line numbers dropped (the rewrite moves lines).
 """
 
@@ -19,7 +20,11 @@ from tests.support import FIXTURES
 pytestmark = pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff (the `test` extra) is not installed")
 
 CASES = sorted(p for p in (FIXTURES / "rewrite").iterdir() if p.is_dir())
-SCRIPTS = sorted((FIXTURES / "train").glob("*/fsdp1.py"))
+SCRIPTS = sorted([*(FIXTURES / "train").glob("*/fsdp1.py"), *(FIXTURES / "construction").glob("*/fsdp1.py")])
+PROJECT_FILES = sorted(
+    path.relative_to(FIXTURES / "projects")
+    for path in (FIXTURES / "projects").glob("*/before/**/*.py")
+)
 
 
 def pyflakes_findings(path: Path) -> Counter:
@@ -47,3 +52,10 @@ def test_runnable_rewrite_adds_no_pyflakes_finding(script, tmp_path):
     rewritten = tmp_path / "fsdp2.py"
     rewritten.write_bytes(rewrite_source(script.read_bytes(), str(script)).new_source)
     assert new_findings(script, rewritten) == Counter()
+
+
+@pytest.mark.parametrize("path", PROJECT_FILES, ids=[str(p) for p in PROJECT_FILES])
+def test_project_output_adds_no_pyflakes_finding(path):
+    case, _, inside = str(path).partition("/before/")
+    root = FIXTURES / "projects" / case
+    assert new_findings(root / "before" / inside, root / "after" / inside) == Counter()

@@ -11,7 +11,7 @@ from libcst.metadata import Assignment
 from migrate_fsdp.rewrite.rules.construction.arguments import Definition, Definitions
 from migrate_fsdp.rewrite.rules.construction.codegen import Names
 from migrate_fsdp.rewrite.rules.construction.devices import SET_DEVICE, TORCH_DEVICE
-from migrate_fsdp.rewrite.syntax import chain_root
+from migrate_fsdp.rewrite.syntax import chain_root, subtree_ids
 
 
 class Analysis:
@@ -80,10 +80,31 @@ class Analysis:
         plan.definitions.append(definition)
         return value, definition
 
-    def shared_name(self, node) -> bool:
-        """`node` names a value assigned once that something other than FSDP1 calls also reads."""
+    def owned(self, node, plan) -> Definition | None:
+        """The single definition of a name that only this call reads, so that it can change where it stands."""
         definition = self.definitions.of(node)
-        return definition is not None and not all(id(load) in self.fsdp1_arguments for load in definition.loads)
+        if definition is None or not all(id(load) in subtree_ids(plan.site.node) for load in definition.loads):
+            return None
+        return definition
+
+    def assigned_on_branches(self, node, plan) -> list[Definition] | None:
+        """The assignments of a variable set on several branches (`mp = None` / `if c: mp = MixedPrecision(...)`).
+
+        Only when this call is the variable's only reader, so that the
+        assignments can become FSDP2 values where they stand.
+        """
+        definitions = self.definitions.all_of(node)
+        if definitions is None or len(definitions) < 2:
+            return None
+        inside = subtree_ids(plan.site.node)
+        if not all(id(load) in inside for definition in definitions for load in definition.loads):
+            return None
+        return definitions
+
+    def shared_name(self, node) -> bool:
+        """`node` names a value (assigned once or on several branches) that something other than FSDP1 calls also reads."""
+        definitions = self.definitions.all_of(node) or []
+        return any(id(load) not in self.fsdp1_arguments for definition in definitions for load in definition.loads)
 
     def unfollow(self, definition: Definition, plan) -> None:
         """The name stays in the output after all: its definition is still needed."""
@@ -139,3 +160,4 @@ class Analysis:
         if isinstance(node, cst.Name) and node.value in ("True", "False"):
             return node.value == "True"
         return None
+

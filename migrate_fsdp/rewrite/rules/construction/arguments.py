@@ -101,6 +101,21 @@ class Definitions:
         assign, statement = found
         return Definition(assignment.node, assign.value, statement, assignment)
 
+    def all_of(self, name: cst.CSTNode) -> list[Definition] | None:
+        """Every assignment a use of `name` may read (`x = A` / `if c: x = B`), when each is a plain `name = value`."""
+        if not isinstance(name, cst.Name):
+            return None
+        scope = self.ctx.scope(name)
+        if scope is None:
+            return None
+        found = []
+        for assignment in scope[name.value]:
+            known = self._by_target.get(id(assignment.node)) if isinstance(assignment, Assignment) else None
+            if known is None:
+                return None
+            found.append(Definition(assignment.node, known[0].value, known[1], assignment))
+        return found or None
+
     def follow(self, node: cst.BaseExpression, use_site: cst.CSTNode) -> tuple[cst.BaseExpression, Definition | None]:
         """The value a name stands for, when it can be moved to `use_site` unchanged.
 

@@ -62,6 +62,11 @@ def statements(template: str, **values) -> list[cst.BaseStatement]:
     return body
 
 
+def assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
+    """`name = value`, the value without the parentheses a template would give it (`x = a if c else b`)."""
+    return cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], value)])
+
+
 def keyword(name: str, value, comma=cst.MaybeSentinel.DEFAULT) -> cst.Arg:
     return cst.Arg(
         value=_node(value),

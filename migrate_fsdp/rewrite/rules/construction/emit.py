@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import call, grouped, is_reevaluable, keyword, statements, with_commas
+from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, is_reevaluable, keyword, statements, with_commas
 
 # fully_shard's keyword order.
 _ORDER = ("mesh", "reshard_after_forward", "mp_policy", "offload_policy", "ignored_params")
@@ -59,7 +59,7 @@ class Emitter:
 
     def _variable(self, prefix: list, name: str, value, *fallbacks: str) -> cst.Name:
         var = self.names.fresh(self.anchor, name, *fallbacks)
-        prefix.extend(statements(f"{var} = VALUE", VALUE=value))
+        prefix.append(assign(var, value))
         return cst.Name(var)
 
     def emit(self) -> Emission:
@@ -105,7 +105,7 @@ class Emitter:
                 if self.ctx.module.code_for_node(child_policy) == self.ctx.module.code_for_node(root_policy):
                     root_policy = child["mp_policy"]
             for name in ("offload_policy",):
-                if name in child:
+                if name in child and not isinstance(child[name], cst.Name):
                     child[name] = shared[name] = self._variable(setup, name, child[name], f"fsdp_{name}")
             var = cst.Name(self.names.fresh(self.anchor, plan.policy.var_hint, "module", "submodule"))
             full_precision = None
@@ -306,4 +306,5 @@ def _line_end(arg: cst.Arg | None) -> cst.TrailingWhitespace | None:
 
 
 def _ordered(kwargs: dict) -> dict:
-    return {name: grouped(kwargs[name]) for name in _ORDER if name in kwargs}
+    """In fully_shard's order; a keyword's value needs no parentheses (`mp_policy=a if c else b`)."""
+    return {name: kwargs[name] for name in _ORDER if name in kwargs}

@@ -9,6 +9,8 @@ before sharding. FSDP2's flow (migration guide and tutorial, seeds/002):
 broadcast_from_rank0=True))`. The rewrite takes rank 0's state dict before
 sharding, materialises the other ranks, loads it, and broadcasts the buffers
 too (FSDP1 synced non-persistent buffers, which state dicts leave out).
+A flag known only at run time (`sync_module_states=cfg.low_cpu_fsdp`) guards
+taking rank 0's state dict and what comes after sharding, read each time.
 
 Anything else is reported: a `param_init_fn` that initialises weights
 (FSDP1 ran it on whole modules before sharding, FSDP2 would run it on
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import statements
+from migrate_fsdp.rewrite.rules.construction.codegen import assign, is_reevaluable, statements
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 
 _FLOW = (
@@ -46,8 +48,14 @@ class MetaInitRule(KeywordRule):
         value, _ = self.analysis.follow(argument.value, plan)
         if argument.name == "sync_module_states":
             sync = self.analysis.literal_bool(value)
-            if sync is None:
-                raise Unconvertible(f"sync_module_states={self.ctx.code(argument.value)} must be True or False to be converted")
+            if sync is None:  # a flag known at run time (`cfg.low_cpu_fsdp`): the flow runs where it holds
+                if self.analysis.fsdp1_references(value):
+                    raise Unconvertible(f"sync_module_states={self.ctx.code(argument.value)} uses other FSDP1 names")
+                sync = value
+                if not is_reevaluable(value):  # read twice: once, into a variable
+                    name = self.analysis.names.fresh(plan.site.node, "sync_module_states", "fsdp1_sync_module_states")
+                    plan.before.append(assign(name, value))
+                    sync = cst.Name(name)
             plan.sync_module_states = sync
         elif not self.analysis.is_none(value):
             plan.param_init = self._materialiser(value) or argument
@@ -60,12 +68,12 @@ class MetaInitRule(KeywordRule):
                 f"sharding, FSDP2 runs initialisation on shards (other values); {_FLOW}",
                 init.arg,
             )
-        if init is not None and not plan.sync_module_states:
+        if init is not None and plan.sync_module_states is False:
             raise Unconvertible(
                 f"param_init_fn without sync_module_states leaves the weights uninitialised on meta ranks; {_FLOW}",
                 plan.arguments["param_init_fn"].arg,
             )
-        if not plan.sync_module_states:
+        if plan.sync_module_states is False:
             if plan.module is not None and self.analysis.built_on_meta(plan.module):
                 raise Unconvertible(
                     "the module is built on the meta device: FSDP1 materialised it with reset_parameters(); " + _FLOW,
@@ -111,7 +119,10 @@ class MetaInitRule(KeywordRule):
 
     def before(self, plan, module, full_state_dict: str) -> list[cst.BaseStatement]:
         rank = self.analysis.names.ref(plan.site.node, "torch.distributed.get_rank")
-        return statements(f"{full_state_dict} = MODULE.state_dict() if {rank}() == 0 else {{}}", MODULE=module)
+        sync = "" if plan.sync_module_states is True else "SYNC and "
+        return statements(
+            f"{full_state_dict} = MODULE.state_dict() if {sync}{rank}() == 0 else {{}}", MODULE=module, SYNC=plan.sync_module_states
+        )
 
     def after(self, plan, module, full_state_dict: str, buffer: str) -> list[cst.BaseStatement]:
         names = self.analysis.names
@@ -132,4 +143,6 @@ class MetaInitRule(KeywordRule):
             """,
             MODULE=module,
         )
+        if plan.sync_module_states is not True:
+            result = [cst.If(test=plan.sync_module_states, body=cst.IndentedBlock(result))]
         return result

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import call
+from migrate_fsdp.rewrite.rules.construction import choice
+from migrate_fsdp.rewrite.rules.construction.codegen import call, expression
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 
 MIXED_PRECISION = "torch.distributed.fsdp.MixedPrecision"
@@ -56,6 +57,19 @@ class Settings:
         return None if value is None or (isinstance(value, cst.Name) and value.value == "None") else value
 
 
+@dataclass(frozen=True, eq=False)
+class Assigned:
+    """A variable set on several branches (`mp = None` / `if cfg.bf16: mp = MixedPrecision(...)`).
+
+    Each assignment becomes the root's MixedPrecisionPolicy where it stands
+    (None stays None); the children's policies are derived from the variable.
+    """
+
+    name: cst.Name
+    settings: list[Settings]  # the MixedPrecision values it may hold
+    maybe_none: bool
+
+
 class MixedPrecisionRule(KeywordRule):
     code = "MF104"
     name = "mixed-precision"
@@ -69,22 +83,77 @@ class MixedPrecisionRule(KeywordRule):
     }
 
     def apply(self, argument, plan) -> None:
-        value, _ = self.analysis.follow(argument.value, plan)
-        if self.analysis.is_none(value):
+        definitions = self.analysis.assigned_on_branches(argument.value, plan)
+        if definitions is not None:
+            plan.mixed_precision = self._assigned(argument, definitions, plan)
             return
-        if not (isinstance(value, cst.Call) and self.ctx.matches(value.func, MIXED_PRECISION)):
-            shown = self.ctx.code(argument.value)
-            if self.ctx.qualified_names(value) and all(q.startswith("torch.") for q in self.ctx.qualified_names(value)):
-                raise Unconvertible(
-                    f"mixed_precision={shown} is not a MixedPrecision (FSDP1 fails on it); write "
-                    f"MixedPrecision(param_dtype={shown}), i.e. FSDP2's mp_policy=MixedPrecisionPolicy(param_dtype={shown})"
-                )
-            why = "is also used outside FSDP(...) calls" if self.analysis.shared_name(value) else "is known only at run time"
+        follow = lambda node: self.analysis.follow(node, plan)[0]
+        tree = choice.resolve(argument.value, lambda value, source: self._branch(value, source, argument), follow)
+        branches = choice.leaves(tree)
+        if all(settings is None for settings in branches):
+            return
+        if isinstance(tree, choice.Choice) and any(s is not None and self._buffer_dtype(s) is not None for s in branches):
             raise Unconvertible(
-                f"mixed_precision={shown} {why}; pass fully_shard "
-                "mp_policy=MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...) with the same dtypes"
+                f"mixed_precision={self.ctx.code(argument.value)} chooses a MixedPrecision with buffer_dtype at run time; "
+                "fully_shard does not cast buffers, so cast them after sharding in the branch that needs it"
             )
-        plan.mixed_precision = self._settings(value)
+        plan.mixed_precision = tree
+
+    def _assigned(self, argument, definitions, plan) -> Assigned | None:
+        branches, maybe_none = [], False
+        for definition in definitions:
+            tree = choice.resolve(definition.value, lambda value, source: self._branch(value, source, argument), lambda node: node)
+            for settings in choice.leaves(tree):
+                if settings is None:
+                    maybe_none = True
+                elif self._buffer_dtype(settings) is not None:
+                    raise Unconvertible(
+                        f"{self.ctx.code(argument.value)} may hold a MixedPrecision with buffer_dtype "
+                        f"({self.ctx.code(definition.value)}); fully_shard does not cast buffers, so cast them after "
+                        "sharding where it does"
+                    )
+                else:
+                    branches.append(settings)
+            value = choice.join(tree, lambda settings: cst.Name("None") if settings is None else self._policy(settings, root=True))
+            if self.ctx.code(value) != self.ctx.code(definition.value):
+                plan.redefined[definition] = value
+        return Assigned(argument.value, branches, maybe_none) if branches else None
+
+    def finish(self, plan) -> None:
+        """Children's policies derive from a variable only where every value it may hold agrees on how."""
+        assigned = plan.mixed_precision
+        if not (isinstance(assigned, Assigned) and plan.has_children):
+            return
+        name = self.ctx.code(assigned.name)
+        if len({(s.cast_root or s.cast, s.cast) for s in assigned.settings}) > 1:
+            raise Unconvertible(f"the MixedPrecision values {name} may hold differ in which forward inputs they cast; give each branch its own FSDP(...) call")
+        kept = set()
+        for settings in assigned.settings:
+            classes = self._full_precision_classes(settings, plan.site.node)
+            kept.add(None if classes is None else self.ctx.module.code_for_node(classes))
+        if len(kept) > 1:
+            raise Unconvertible(f"the MixedPrecision values {name} may hold differ in the modules kept in full precision (_module_classes_to_ignore); give each branch its own FSDP(...) call")
+
+    def _branch(self, value, source, argument) -> Settings | None:
+        """The settings of one possible value (None: no mixed precision); `source` is it as written."""
+        if self.analysis.is_none(value):
+            return None
+        if isinstance(value, cst.Call) and self.ctx.matches(value.func, MIXED_PRECISION):
+            return self._settings(value)
+        shown = self.ctx.code(source)
+        where = None if source is argument.value else source
+        if self.ctx.qualified_names(value) and all(q.startswith("torch.") for q in self.ctx.qualified_names(value)):
+            raise Unconvertible(
+                f"mixed_precision={shown} is not a MixedPrecision (FSDP1 fails on it); write "
+                f"MixedPrecision(param_dtype={shown}), i.e. FSDP2's mp_policy=MixedPrecisionPolicy(param_dtype={shown})",
+                where,
+            )
+        why = "is also used outside FSDP(...) calls" if self.analysis.shared_name(value) else "is known only at run time"
+        raise Unconvertible(
+            f"mixed_precision={shown} {why}; pass fully_shard "
+            "mp_policy=MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...) with the same dtypes",
+            where,
+        )
 
     def _settings(self, call_node: cst.Call) -> Settings:
         settings = Settings()
@@ -110,8 +179,26 @@ class MixedPrecisionRule(KeywordRule):
 
     # ----- building the FSDP2 policies ----------------------------------------------------
 
-    def policy(self, settings: Settings, root: bool) -> cst.Call:
-        """The MixedPrecisionPolicy of the root (`root`) or of an auto-wrapped child."""
+    def policy(self, settings, root: bool) -> cst.BaseExpression:
+        """The MixedPrecisionPolicy of the root (`root`) or of an auto-wrapped child, in each branch of a choice."""
+        if isinstance(settings, Assigned):
+            return self._assigned_policy(settings, root)
+        return choice.join(settings, lambda branch: self._policy(branch, root))
+
+    def _assigned_policy(self, assigned: Assigned, root: bool) -> cst.BaseExpression:
+        default = call(self.ctx.require_import(*POLICY))
+        first = assigned.settings[0]  # all agree on the casts (finish)
+        if root or not (first.cast_root and not first.cast and first.dtype("param_dtype") is not None):
+            return expression("NAME or DEFAULT", NAME=assigned.name, DEFAULT=default) if assigned.maybe_none else assigned.name
+        replace = self.analysis.names.ref(assigned.name, "dataclasses.replace")
+        child = expression(f"{replace}(NAME, cast_forward_inputs=False)", NAME=assigned.name)
+        if not assigned.maybe_none:
+            return child
+        return expression("CHILD if NAME is not None else DEFAULT", CHILD=child, NAME=assigned.name, DEFAULT=default)
+
+    def _policy(self, settings: Settings | None, root: bool) -> cst.Call:
+        if settings is None:
+            return call(self.ctx.require_import(*POLICY))
         kwargs = {name: settings.dtype(name) for name in ("param_dtype", "reduce_dtype") if settings.dtype(name) is not None}
         if "param_dtype" in kwargs:
             cast = (settings.cast_root or settings.cast) if root else settings.cast
@@ -119,16 +206,35 @@ class MixedPrecisionRule(KeywordRule):
                 kwargs["cast_forward_inputs"] = cst.Name("False")
         return call(self.ctx.require_import(*POLICY), **kwargs)
 
-    def full_precision_policy(self, settings: Settings, anchor) -> cst.Call:
+    def full_precision_policy(self, settings, anchor) -> cst.BaseExpression:
         """For the modules FSDP1 kept in full precision: float32 compute, outputs cast back to param_dtype."""
+        if isinstance(settings, Assigned):
+            float32 = self.analysis.names.ref(anchor, "torch.float32")
+            return expression(f"{self.ctx.require_import(*POLICY)}(param_dtype={float32}, output_dtype=NAME.param_dtype)", NAME=settings.name)
+        return choice.join(settings, lambda branch: None if branch is None else self._full_precision_policy(branch, anchor))
+
+    def _full_precision_policy(self, settings: Settings, anchor) -> cst.Call:
         param_dtype = settings.dtype("param_dtype")
         if param_dtype is None:
             return call(self.ctx.require_import(*POLICY))
         float32 = self.analysis.names.ref(anchor, "torch.float32")
         return call(self.ctx.require_import(*POLICY), param_dtype=float32, output_dtype=param_dtype)
 
-    def full_precision_classes(self, settings: Settings, anchor) -> cst.BaseExpression | None:
-        """The classes FSDP1 wrapped separately in full precision; None when there are none."""
+    def full_precision_classes(self, settings, anchor) -> cst.BaseExpression | None:
+        """The classes FSDP1 wrapped separately in full precision (`()` in a branch without); None when there are none."""
+        if isinstance(settings, Assigned):  # the same for every value it may hold (finish)
+            classes = self._full_precision_classes(settings.settings[0], anchor)
+            if classes is None or not settings.maybe_none:
+                return classes
+            return expression("CLASSES if NAME is not None else ()", CLASSES=classes, NAME=settings.name)
+        branches = {id(branch): self._full_precision_classes(branch, anchor) for branch in choice.leaves(settings)}
+        if all(classes is None for classes in branches.values()):
+            return None
+        return choice.join(settings, lambda branch: cst.Tuple([]) if branches[id(branch)] is None else branches[id(branch)])
+
+    def _full_precision_classes(self, settings: Settings | None, anchor) -> cst.BaseExpression | None:
+        if settings is None:
+            return None
         given = settings.values.get("_module_classes_to_ignore")
         if given is None:
             return cst.parse_expression(self.analysis.names.ref(anchor, BATCH_NORM))
@@ -136,8 +242,11 @@ class MixedPrecisionRule(KeywordRule):
             return None
         return call("tuple", given)
 
-    def buffer_dtype(self, settings: Settings) -> cst.BaseExpression | None:
-        """The dtype buffers must be cast to, unless it is a no-op (None, float32)."""
+    def buffer_dtype(self, settings) -> cst.BaseExpression | None:
+        """The dtype buffers must be cast to, unless it is a no-op (None, float32); a choice never has one (see apply)."""
+        return None if isinstance(settings, (choice.Choice, Assigned)) else self._buffer_dtype(settings)
+
+    def _buffer_dtype(self, settings: Settings) -> cst.BaseExpression | None:
         dtype = settings.dtype("buffer_dtype")
         if dtype is None or self.ctx.matches(dtype, "torch.float32", "torch.float"):
             return None

@@ -42,6 +42,8 @@ class CallSite:
     can_insert: bool  # statements may go right before/after `statement`
     in_lambda: bool  # inserted statements would run at another time than the call
     is_partial: bool = False
+    in_dual_version: bool = False  # inside code that serves FSDP1 and FSDP2 (analysis/versions.py)
+    stack: tuple = ()  # original nodes from the module down to the call
 
     @property
     def target(self) -> cst.BaseExpression | None:
@@ -79,9 +81,11 @@ class Plan:
     ignored: object | None = None  # ignored_modules.Ignored
     mixed_precision: object | None = None  # mixed_precision.Settings
     forward_prefetch: bool = False
-    sync_module_states: bool = False
+    sync_module_states: bool | cst.BaseExpression = False  # an expression: a flag read at run time
     param_init: object | None = None  # meta_init.ParamInit
     before: list[cst.BaseStatement] = field(default_factory=list)  # statements that must run first
+    # assignments of variables only this call reads, rewritten where they stand: Definition -> its new value
+    redefined: dict[Definition, cst.BaseExpression] = field(default_factory=dict)
 
     def value(self, name: str) -> cst.BaseExpression | None:
         argument = self.arguments.get(name)

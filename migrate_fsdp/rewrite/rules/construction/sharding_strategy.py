@@ -12,8 +12,10 @@ guide, seeds/002; `fully_shard` docstring):
 - NO_SHARD: a `(world, 1)` mesh: replicate over every rank, shard over one.
 
 A strategy known only at run time (a config field, `ShardingStrategy[name]`,
-a parameter) is mapped at run time from the member's name, which also
-accepts the name itself, so no FSDP1 name stays in the output.
+`getattr(ShardingStrategy, name)`, a parameter, a table from the user's
+names to members that only this call reads, whose members become their
+names) is mapped at run time from the member's name, which also accepts the
+name itself, so no FSDP1 name stays in the output.
 """
 
 import libcst as cst
@@ -54,6 +56,7 @@ class ShardingStrategyRule(KeywordRule):
             # A name for something computed elsewhere: read it at run time, where it is.
             self.analysis.unfollow(definition, plan)
             value = argument.value
+        self._tables_by_name(value, plan)
         runtime = self._as_names(value)
         if runtime is None:
             raise Unconvertible(
@@ -61,6 +64,27 @@ class ShardingStrategyRule(KeywordRule):
                 "names); pass a ShardingStrategy member, its name, or a variable holding one"
             )
         plan.strategy = Strategy(None, runtime)
+
+    def _tables_by_name(self, node, plan) -> None:
+        """`TABLE[key]` where only this call reads TABLE, a dict of ShardingStrategy members: its values become their names.
+
+        The table is the user's vocabulary (`{"full": ShardingStrategy.FULL_SHARD, ...}`); the names are
+        what the sharding helper reads, so no FSDP1 object is left to reach FSDP2.
+        """
+        rule = self
+
+        class _Find(cst.CSTVisitor):
+            def visit_Subscript(self, subscript) -> None:
+                definition = rule.analysis.owned(subscript.value, plan)
+                if definition is None or not isinstance(definition.value, cst.Dict):
+                    return
+                elements = definition.value.elements
+                members = [rule.member(e.value) if isinstance(e, cst.DictElement) else None for e in elements]
+                if elements and None not in members:
+                    names = [e.with_changes(value=string(m)) for e, m in zip(elements, members)]
+                    plan.redefined[definition] = definition.value.with_changes(elements=names)
+
+        node.visit(_Find())
 
     def member(self, node) -> str | None:
         """"FULL_SHARD" for `ShardingStrategy.FULL_SHARD`, however spelt; None otherwise."""
@@ -86,8 +110,24 @@ class ShardingStrategyRule(KeywordRule):
                 if rule.ctx.matches(original.value, SHARDING_STRATEGY):
                     found.append(original.value)
 
+            def visit_Call(self, original) -> None:
+                if rule._getattr_name(original) is not None:
+                    found.append(original.args[0].value)
+
         node.visit(_Find())
         return found
+
+    def _getattr_name(self, node) -> cst.BaseExpression | None:
+        """`name` in `getattr(ShardingStrategy, name)`."""
+        if (
+            isinstance(node, cst.Call)
+            and self.ctx.matches(node.func, "builtins.getattr")
+            and len(node.args) == 2
+            and not any(arg.star or arg.keyword for arg in node.args)
+            and self.ctx.matches(node.args[0].value, SHARDING_STRATEGY)
+        ):
+            return node.args[1].value
+        return None
 
     def _as_names(self, node):
         """`node` with ShardingStrategy.X -> "X" and ShardingStrategy[e] -> e; None if other FSDP1 names stay."""
@@ -100,6 +140,10 @@ class ShardingStrategyRule(KeywordRule):
             def leave_Attribute(self, original, updated):
                 member = rule.member(original)
                 return updated if member is None else string(member)
+
+            def leave_Call(self, original, updated):
+                name = rule._getattr_name(original)
+                return updated if name is None else updated.args[1].value
 
             def leave_Subscript(self, original, updated):
                 if rule.ctx.matches(original.value, SHARDING_STRATEGY) and len(updated.slice) == 1:

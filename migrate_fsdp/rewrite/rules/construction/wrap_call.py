@@ -14,6 +14,7 @@ why. It also gives FSDP1 construction names found outside a converted call
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.program import BLOCKED, DUAL_VERSION
 from migrate_fsdp.rewrite.rule import Rule
 from migrate_fsdp.rewrite.rules.construction.analysis import Analysis
 from migrate_fsdp.rewrite.rules.construction.arguments import Unbindable, bind
@@ -30,7 +31,7 @@ from migrate_fsdp.rewrite.rules.construction.mixed_precision import MixedPrecisi
 from migrate_fsdp.rewrite.rules.construction.plan import CallSite, Plan, Problem, Unconvertible
 from migrate_fsdp.rewrite.rules.construction.removed_kwargs import RemovedKwargs
 from migrate_fsdp.rewrite.rules.construction.sharding_strategy import ShardingStrategyRule
-from migrate_fsdp.rewrite.syntax import chain_root, dotted
+from migrate_fsdp.rewrite.syntax import chain_root, dotted, subtree_ids
 
 FSDP_CLASS = "torch.distributed.fsdp.FullyShardedDataParallel"
 PARTIAL = "functools.partial"
@@ -72,6 +73,7 @@ class WrapCall(Rule):
         self._assignments_dropped: set[int] = set()  # statements `m = FSDP(m)` that become `fully_shard(m)`
         self._roots: set[str] = set()  # local names an FSDP1 reference can start with
         self._setup_at: dict[int, list] = {}  # statement id -> setup statements shared by the calls after it
+        self._redefined: dict[int, tuple] = {}  # id(assigned value) -> (plan, FSDP2 value), see Plan.redefined
 
     # ----- read-only pass -------------------------------------------------------------------
 
@@ -126,19 +128,42 @@ class WrapCall(Rule):
             can_insert=self.ctx.can_insert_statements(),
             in_lambda=any(isinstance(n, cst.Lambda) for n in inner),
             is_partial=is_partial,
+            in_dual_version=self.ctx.dual_versions.holds(stack),
+            stack=tuple(stack),
         )
 
     # ----- judging every call, before any rewriting -------------------------------------------
 
     def visit_Module(self, node) -> None:
         for site in self._sites:
-            self.analysis.fsdp1_arguments.update(_subtree_ids(site.node))
+            self.analysis.fsdp1_arguments.update(subtree_ids(site.node))
             for arg in site.node.args:
                 definition = self.analysis.definitions.of(arg.value) if arg.star == "**" else None
                 if definition is not None:
-                    self.analysis.fsdp1_arguments.update(_subtree_ids(definition.value))
+                    self.analysis.fsdp1_arguments.update(subtree_ids(definition.value))
         for site in self._sites:
-            self._plans[id(site.node)] = self._plan(site)
+            before = dict(self.ctx.imports), dict(self.ctx.helpers)
+            plan = self._plan(site)
+            why = self.ctx.program.constructor(site.node, converts=not plan.problems and not site.in_dual_version, stack=site.stack)
+            if why is not None:
+                plan.problems.append(Problem(site.node, BLOCKED, _LEFT_AS_IS + why))
+            elif site.in_dual_version:
+                plan.problems.append(Problem(site.node, DUAL_VERSION, _LEFT_AS_IS + "it serves FSDP1 beside FSDP2"))
+            if plan.problems:  # nothing of a conversion that does not happen stays behind
+                self.ctx.imports.clear()
+                self.ctx.imports.update(before[0])
+                self.ctx.helpers.clear()
+                self.ctx.helpers.update(before[1])
+            self._plans[id(site.node)] = plan
+        # A definition converted where it stands (`mp = MixedPrecision(...)` on one branch) serves
+        # every constructor using it: it converts only if none of them stays FSDP1.
+        kept = {id(d.value) for plan in self._plans.values() if plan.problems for d in plan.redefined}
+        for plan in self._plans.values():
+            if plan.problems or any(id(d.value) in kept for d in plan.redefined):
+                continue
+            for definition, value in plan.redefined.items():
+                self._redefined[id(definition.value)] = (plan, value)
+                self._redefined[id(definition.statement)] = (plan, None)
         self._find_removed_definitions()
         self._share_setup_at_kwargs_dicts()
 
@@ -218,7 +243,7 @@ class WrapCall(Rule):
         for plan in self._plans.values():
             if plan.problems:
                 continue
-            gone.update(_subtree_ids(plan.site.node))
+            gone.update(subtree_ids(plan.site.node))
             for definition in plan.definitions:
                 candidates[id(definition.statement)] = definition
             for argument in plan.arguments.values():
@@ -231,7 +256,7 @@ class WrapCall(Rule):
                 if key not in self._removed and all(id(load) in gone for load in definition.loads):
                     self._removed.add(key)
                     self.analysis.names.released.add(definition.assignment)
-                    gone.update(_subtree_ids(definition.value))
+                    gone.update(subtree_ids(definition.value))
                     self.ctx.mark_converted(definition.statement)
                     changed = True
 
@@ -283,6 +308,9 @@ class WrapCall(Rule):
     # ----- rewriting --------------------------------------------------------------------------
 
     def visit_SimpleStatementLine(self, node) -> None:
+        plan, _ = self._redefined.get(id(node), (None, None))
+        if plan is not None and not plan.problems:
+            self.ctx.mark_converted(node)
         setup = self._setup_at.get(id(node))
         if setup and id(node) not in self._removed:
             self.ctx.insert_before(setup)
@@ -310,6 +338,9 @@ class WrapCall(Rule):
         return emission.replacement
 
     def leave_Assign(self, original, updated):
+        plan, value = self._redefined.get(id(original.value), (None, None))
+        if plan is not None and not plan.problems:
+            return updated.with_changes(value=value)
         return self._drop_target(original, updated)
 
     def leave_AnnAssign(self, original, updated):
@@ -389,14 +420,3 @@ _SETUP_ARGUMENTS = ("sharding_strategy", "process_group", "device_mesh", "device
 def _setup_nodes(plan: Plan) -> list:
     return [*plan.before, *(node for node in (plan.mesh, plan.sharding) if node is not None)]
 
-
-def _subtree_ids(node) -> set[int]:
-    ids = set()
-
-    class _Collect(cst.CSTVisitor):
-        def on_visit(self, child) -> bool:
-            ids.add(id(child))
-            return True
-
-    node.visit(_Collect())
-    return ids

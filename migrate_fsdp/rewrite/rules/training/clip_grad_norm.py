@@ -23,7 +23,7 @@ unknown type, in a file that uses FSDP1, is reported.
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule, bind, code_of
-from migrate_fsdp.rewrite.rules.training.models import Kind
+from migrate_fsdp.rewrite.analysis.models import Kind
 
 
 HELPER_NAME = "fsdp2_clip_grad_norm_"

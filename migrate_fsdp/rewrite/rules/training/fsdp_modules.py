@@ -13,7 +13,7 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule, bind, from_template, literal_bool
 from migrate_fsdp.rewrite.rules.training.isinstance_fsdp import fsdp_module_name
-from migrate_fsdp.rewrite.rules.training.models import ROOT_MODULES_HELPER
+from migrate_fsdp.rewrite.analysis.models import ROOT_MODULES_HELPER
 
 
 HELPER_NAME = ROOT_MODULES_HELPER

@@ -20,7 +20,7 @@ not FSDP1 it is presumed DDP's).
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, code_of
-from migrate_fsdp.rewrite.rules.training.models import Kind
+from migrate_fsdp.rewrite.analysis.models import Kind
 
 
 HELPER_NAME = "fsdp2_no_sync"
@@ -68,7 +68,7 @@ class NoSync(TrainingRule):
         kind = self.receiver_kind(func)
         if kind is Kind.FSDP:
             return self.fsdp2_ahead(func)
-        if kind is Kind.UNKNOWN and not self.models.file_may_hold_ddp:
+        if kind is Kind.UNKNOWN and not self.models.file_may_hold_ddp and self.ctx.program.may_build_fsdp1():
             receiver = code_of(self.ctx, func.value)
             self.ctx.report(
                 func,

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.training.base import WRAP_CALL_CODE, RemovesStatements, bind, literal_bool, walk
-from migrate_fsdp.rewrite.rules.training.models import FSDP_CLASS, assignments_of, fsdp_models
+from migrate_fsdp.rewrite.rules.training.base import WRAP_CALL_CODE, RemovesStatements, bind, literal_bool
+from migrate_fsdp.rewrite.syntax import walk
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, assignments_of, fsdp_models
 from migrate_fsdp.rewrite.syntax import dotted
 
 FULL, SHARDED, LOCAL = "FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT"
@@ -147,6 +148,9 @@ class StateDictPlan:
             context = self._context(call, stack, optim_rule_selected)
             if not wrap_selected:
                 context.failure = "MF101 (wrap-call) is not selected, so the models stay FSDP1"
+            elif context.failure is None:
+                denial = self.ctx.program.use(call, "MF202", stack)
+                context.failure = denial.message if denial is not None else None
             self.contexts.append(context)
             self._context_of[id(call)] = context
         self._plan_config_statements()
