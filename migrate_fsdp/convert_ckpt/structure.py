@@ -76,9 +76,10 @@ def discover(tree, what: str, model_key: str | None = None, optim_key: str | Non
             "(and the optimizer state) in a dict instead of the object itself"
         )
     checkpoint = Checkpoint(root=tree)
+    _find_optimizer(checkpoint, tree, what, optim_key)
+    _refuse_raw_optimizer(checkpoint.optimizer, what)
     if not model_key and not optim_key:
         _refuse_empty_entries(tree, what)
-    _find_optimizer(checkpoint, tree, what, optim_key)
     _find_model(checkpoint, tree, what, model_key)
     if checkpoint.optim_flat:
         checkpoint.optimizer = unflatten_optim(checkpoint.optimizer, checkpoint.model or ())
@@ -149,6 +150,26 @@ def _refuse_empty_entries(tree: Mapping, what):
             raise _empty_refusal(what, f" under {key!r}")
 
 
+def _refuse_raw_optimizer(optimizer, what):
+    """Checked before empty entries: a rank>0 file of a rank0_only save that also holds the raw optimizer state is
+    refused for the optimizer, the mistake that needs fixing in the training script."""
+    if optimizer is None or not is_nested_optim(optimizer):
+        return
+    ids = [k for k in optimizer[STATE] if not isinstance(k, str)] + [
+        p
+        for group in optimizer[PARAM_GROUPS]
+        if isinstance(group, Mapping)
+        for p in group.get(PARAMS, ())
+        if not isinstance(p, str)
+    ]
+    if ids:
+        raise Refused(
+            f"{what} holds a raw optimizer.state_dict() (state keyed by integer ids; under FSDP1 these are flat, "
+            "sharded tensors): save FSDP.optim_state_dict(model, optimizer) under StateDictType.FULL_STATE_DICT "
+            "instead"
+        )
+
+
 def _refuse(checkpoint: Checkpoint, what):
     model, optimizer = checkpoint.model or {}, checkpoint.optimizer
     if not has_tensor(model) and not has_tensor(optimizer) and not has_tensor(checkpoint.extras):
@@ -161,20 +182,6 @@ def _refuse(checkpoint: Checkpoint, what):
             f"{what} holds FSDP1 flat parameters ({flat_params[0]}): a LOCAL_STATE_DICT cannot be unflattened "
             "without the FSDP1 model; load it there and save a FULL_STATE_DICT"
         )
-    if optimizer is not None:
-        ids = [k for k in optimizer[STATE] if not isinstance(k, str)] + [
-            p
-            for group in optimizer[PARAM_GROUPS]
-            if isinstance(group, Mapping)
-            for p in group.get(PARAMS, ())
-            if not isinstance(p, str)
-        ]
-        if ids:
-            raise Refused(
-                f"{what} holds a raw optimizer.state_dict() (state keyed by integer ids; under FSDP1 these are flat, "
-                "sharded tensors): save FSDP.optim_state_dict(model, optimizer) under StateDictType.FULL_STATE_DICT "
-                "instead"
-            )
 
 
 def unflatten_optim(flat: Mapping, param_names) -> dict:
