@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
+from migrate_fsdp.lifeline import with_lifeline
 from migrate_fsdp.rewrite.api import RewriteResult, rewrite_source, worth_parsing
 from migrate_fsdp.rewrite.files import discover, is_generated, read_each, write_changed
 from migrate_fsdp.rewrite.selection import Selection
@@ -66,9 +67,14 @@ def run(paths: list[str], selection: Selection, *, exclude: list[str], jobs: int
     workers = min(jobs, len(jobs_to_do))
     if workers > 1:
         with ProcessPoolExecutor(
-            workers, mp_context=get_context("fork"), initializer=_init_worker, initargs=(selection, todo)
+            workers, mp_context=get_context("fork"),
+            initializer=with_lifeline, initargs=(os.getpid(), _init_worker, selection, todo),
         ) as pool:
-            results = list(pool.map(_rewrite_one, jobs_to_do))
+            try:
+                results = list(pool.map(_rewrite_one, jobs_to_do))
+            except BaseException:  # interrupted: wait for the files being parsed, not for the whole queue
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     else:
         results = [_rewrite_one(job) for job in jobs_to_do]
     results = sorted(results + unreadable, key=lambda r: r.path)
