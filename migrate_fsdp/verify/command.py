@@ -66,7 +66,7 @@ def verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtur
         code = 2
     except KeyboardInterrupt:
         click.echo("migrate-fsdp verify: error: interrupted; the runs it had started were ended", err=True)
-        code = 2
+        code = 130
     finally:
         signal.signal(signal.SIGTERM, previous)
     sys.exit(code)

@@ -3,15 +3,20 @@
 Each launch is a torchrun process in a new session; its ranks (which torchrun
 puts in sessions of their own) are tracked while it runs so that a hang past
 --timeout, or anything a finished run leaves behind, can be ended completely.
+Should verify itself be killed (SIGKILL, nothing to clean up with), torchrun
+gets SIGTERM from the kernel and its ranks die with it.
 """
 
+import functools
 import os
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from migrate_fsdp.lifeline import die_with_parent
 from migrate_fsdp.verify import metrics, processes
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -90,8 +95,8 @@ class _Running:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             command, env=env, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+            start_new_session=True, preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()),
+        )  # SIGTERM, not SIGKILL: torchrun then ends its ranks (which also die with it, see probe)
         self.seen = {}
         self.timed_out = False
 
