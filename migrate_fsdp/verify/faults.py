@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from migrate_fsdp.verify import metrics
 
 TAIL_LINES = 15
+_PEER_GONE = ("by peer", "Broken pipe")
 
 
 @dataclass
@@ -20,6 +21,11 @@ def _tail(path, lines: int = TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _lost_a_peer(error: str) -> bool:
+    """A collective that failed because another rank was gone (gloo: "Connection reset/closed by peer")."""
+    return any(sign in error for sign in _PEER_GONE)
 
 
 def run_failures(run, steps: int | None, timeout: float) -> list:
@@ -39,6 +45,13 @@ def run_failures(run, steps: int | None, timeout: float) -> list:
         return []
     # One rank's crash usually makes the others fail in their next collective; the first error is the cause.
     errors = sorted((r for r in run.ranks if r.status == "error"), key=lambda r: r.end.get("time", 0))
+    ended = [r for r in run.ranks if r.status == "finished"]
+    if errors and ended and all(_lost_a_peer(r.end["error"]) for r in errors):
+        early, first = ended[0], errors[0]
+        return [RunFailure(side, f"{name}: rank {early.rank} stopped after {len(early.steps)} optimizer steps while "
+                                 f"rank {first.rank} went on; rank {first.rank} then failed: {first.end['error']} "
+                                 "(every rank must step the same number of times)",
+                           _tail(metrics.stderr_path(run.directory, early.rank)))]
     if errors:
         first, *others = errors
         failures = [RunFailure(side, f"{name} crashed on rank {first.rank}: {first.end['error']}",

@@ -133,3 +133,12 @@ def test_a_healthy_run_stops_cleanly_after_the_steps_asked_for(tmp_path):
     assert failures == [] and run.returncode == 0 and not run.timed_out
     assert [r.status for r in run.ranks] == ["stopped", "stopped"]
     assert [len(r.steps) for r in run.ranks] == [3, 3]
+
+
+@pytest.mark.slow
+def test_a_rank_that_steps_fewer_times_is_named_as_the_cause(tmp_path):
+    _, failures = one_side(tmp_path, "--fault", "uneven", steps=6)
+    first, *_ = [f.message for f in failures]
+    assert first.startswith(
+        "old run (faulty.py): rank 1 stopped after 2 optimizer steps while rank 0 went on; rank 0 then failed: ")
+    assert "every rank must step the same number of times" in first
