@@ -28,7 +28,7 @@ def _lost_a_peer(error: str) -> bool:
     return any(sign in error for sign in _PEER_GONE)
 
 
-def run_failures(run, steps: int | None, timeout: float) -> list:
+def run_failures(run, steps: int | None, timeout: float | None) -> list:
     side = run.side.name
     name = f"{side} run ({run.side.shown})"
     done = min((len(rank.steps) for rank in run.ranks), default=0)
@@ -36,8 +36,9 @@ def run_failures(run, steps: int | None, timeout: float) -> list:
         slowest = min(run.ranks, key=lambda r: len(r.steps), default=None)
         tail = _tail(metrics.stderr_path(run.directory, slowest.rank)) if slowest else ""
         of = f" of {steps}" if steps else ""
-        return [RunFailure(side, f"{name} hung: still running after --timeout {timeout:g}s, at optimizer step "
-                                 f"{done}{of}; all its processes were killed", tail)]
+        why = run.hang or f"still running after --timeout {timeout:g}s"
+        return [RunFailure(side, f"{name} hung: {why}, at optimizer step {done}{of}; all its processes were killed",
+                           tail)]
     if not run.side.watched:
         if run.returncode != 0:
             return [RunFailure(side, f"{name} failed with torchrun exit status {run.returncode}",
