@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from migrate_fsdp.convert_ckpt import dcp_format
 from migrate_fsdp.convert_ckpt.fileio import OutputFile
 from migrate_fsdp.convert_ckpt.flatten import flatten
-from migrate_fsdp.convert_ckpt.pickling import dumps
+from migrate_fsdp.convert_ckpt.pickling import Deferred, Pickler
 from migrate_fsdp.convert_ckpt.tensors import RowSlice, TensorRef
 from migrate_fsdp.convert_ckpt.write_torch import write_archive
 
@@ -49,13 +49,13 @@ def write_dcp(tree: dict, directory: str, checkpoint_id: str, on_bytes, shards: 
             out = files[rank]
             start = out.position
             write_archive(out, obj)
-            return dcp_format.storage_info(_file_name(rank), start, out.position - start)
+            return Deferred(dcp_format.storage_info, _file_name(rank), start, out.position - start)
 
         for key, path, value in flatten(tree):
             planner_data[key] = path
             if not isinstance(value, TensorRef):
-                entries[key] = dcp_format.bytes_entry()
-                storage_data[dcp_format.storage_key(key)] = write_blob(0, value)
+                entries[key] = dcp_format.BYTES_ENTRY
+                storage_data[Deferred(dcp_format.storage_key, key)] = write_blob(0, value)
                 continue
             ranges = fsdp2_row_chunks(value.shape[0], shards) if shards > 1 and value.shape and sharded(value) else []
             chunks = []
@@ -63,15 +63,15 @@ def write_dcp(tree: dict, directory: str, checkpoint_id: str, on_bytes, shards: 
                 for rank, rows in enumerate(ranges):
                     offsets = (rows[0],) + (0,) * (len(value.shape) - 1)
                     info = write_blob(rank, RowSlice(value, rows))
-                    storage_data[dcp_format.storage_key(key, offsets, len(chunks))] = info
+                    storage_data[Deferred(dcp_format.storage_key, key, offsets, len(chunks))] = info
                     chunks.append((offsets, (rows[1] - rows[0], *value.shape[1:])))
             else:
                 offsets = (0,) * len(value.shape)
-                storage_data[dcp_format.storage_key(key, offsets, 0)] = write_blob(0, value)
+                storage_data[Deferred(dcp_format.storage_key, key, offsets, 0)] = write_blob(0, value)
                 chunks.append((offsets, value.shape))
-            entries[key] = dcp_format.tensor_entry(value.dtype, value.shape, chunks)
+            entries[key] = Deferred(dcp_format.tensor_entry, value.dtype, value.shape, chunks)
         if not files:  # DCP always has a data file, even for an empty state dict
             stack.enter_context(OutputFile(os.path.join(directory, _file_name(0))))
-    data, _ = dumps(dcp_format.metadata(entries, planner_data, storage_data, checkpoint_id), protocol=4)
-    with OutputFile(os.path.join(directory, dcp_format.METADATA_FILE)) as metadata_file:
-        metadata_file.write(data)
+    with OutputFile(os.path.join(directory, dcp_format.METADATA_FILE)) as metadata_file:  # streamed, not built
+        metadata = dcp_format.metadata(entries, planner_data, storage_data, checkpoint_id)
+        Pickler(metadata_file, protocol=4, memo_globals_only=True).dump(metadata)
