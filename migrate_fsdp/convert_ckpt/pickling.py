@@ -55,16 +55,15 @@ class NewObj:
     state: object
 
 
-class Deferred:
-    """A stand-in built only while it is pickled, `build(*args)`: DCP metadata is a dozen small objects per tensor,
-    and a checkpoint of a million tiny tensors must not hold them all at once (with `memo_globals_only`, each is
-    freed as soon as it is written)."""
+class DeferredDict:
+    """A dict pickled from `items()` as they are generated, never built whole: DCP metadata is a dozen small objects
+    per tensor, and a checkpoint of a million tiny tensors must not hold them all at once (with `memo_globals_only`,
+    each is freed as soon as it is written)."""
 
-    __slots__ = ("build", "args")
+    __slots__ = ("items",)
 
-    def __init__(self, build, *args):
-        self.build = build
-        self.args = args
+    def __init__(self, items):
+        self.items = items  # a function returning an iterator of (key, value)
 
 
 TORCH_UTILS = "torch._utils"
@@ -175,10 +174,22 @@ class Pickler(pickle._Pickler):
 
     dispatch[NewObj] = _save_newobj
 
-    def _save_deferred(self, obj: Deferred):
-        self.save(obj.build(*obj.args))
+    def _save_deferred_dict(self, obj: DeferredDict):
+        self.write(pickle.EMPTY_DICT)
+        batch = 0
+        for key, value in obj.items():
+            if batch == 0:
+                self.write(pickle.MARK)
+            self.save(key)
+            self.save(value)
+            batch += 1
+            if batch == self._BATCHSIZE:
+                self.write(pickle.SETITEMS)
+                batch = 0
+        if batch:
+            self.write(pickle.SETITEMS)
 
-    dispatch[Deferred] = _save_deferred
+    dispatch[DeferredDict] = _save_deferred_dict
 
 
 def dumps(obj, protocol=2) -> tuple[bytes, list[StorageSlot]]:

@@ -76,10 +76,10 @@ def discover(tree, what: str, model_key: str | None = None, optim_key: str | Non
             "(and the optimizer state) in a dict instead of the object itself"
         )
     checkpoint = Checkpoint(root=tree)
-    if not model_key and not optim_key:
-        _refuse_empty_entries(tree, what)
+    empty = [] if model_key or optim_key else _empty_entries(tree)
     _find_optimizer(checkpoint, tree, what, optim_key)
-    _find_model(checkpoint, tree, what, model_key)
+    if not empty:  # else the top level's tensors (an RNG state) are no model: the file is refused below
+        _find_model(checkpoint, tree, what, model_key)
     if checkpoint.optim_flat:
         checkpoint.optimizer = unflatten_optim(checkpoint.optimizer, checkpoint.model or ())
     top = {
@@ -90,6 +90,8 @@ def discover(tree, what: str, model_key: str | None = None, optim_key: str | Non
     if checkpoint.optim_path != ():
         checkpoint.extras = {k: v for k, v in tree.items() if k not in top and k not in model_entries}
     _refuse(checkpoint, what)
+    if empty:
+        raise _empty_refusal(what, f" under {empty[0]!r}")
     return checkpoint
 
 
@@ -140,13 +142,10 @@ def _empty_refusal(what: str, where: str = "") -> Refused:
     )
 
 
-def _refuse_empty_entries(tree: Mapping, what):
-    """A rank>0 file of a rank0_only save: `{"model": {}, "optimizer": {}}` plus whatever else the loop saved
-    (epoch, RNG state). Without this the RNG tensor at the top would be taken for the model."""
-    for key in MODEL_KEYS + OPTIM_KEYS:
-        value = tree.get(key)
-        if isinstance(value, Mapping) and not value:
-            raise _empty_refusal(what, f" under {key!r}")
+def _empty_entries(tree: Mapping) -> list[str]:
+    """The model and optimizer entries that are empty: a rank>0 file of a rank0_only save is `{"model": {},
+    "optimizer": {}}` plus whatever else the loop saved (epoch, RNG state), which is no model."""
+    return [key for key in MODEL_KEYS + OPTIM_KEYS if isinstance(tree.get(key), Mapping) and not tree[key]]
 
 
 def _refuse(checkpoint: Checkpoint, what):
