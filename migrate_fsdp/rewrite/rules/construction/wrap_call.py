@@ -257,7 +257,7 @@ class WrapCall(Rule):
                     self._removed.add(key)
                     self.analysis.names.released.add(definition.assignment)
                     gone.update(subtree_ids(definition.value))
-                    self.ctx.mark_converted(definition.statement)
+                    self.ctx.mark_handled(definition.statement)
                     changed = True
 
     def _share_setup_at_kwargs_dicts(self) -> None:
@@ -310,7 +310,7 @@ class WrapCall(Rule):
     def visit_SimpleStatementLine(self, node) -> None:
         plan, _ = self._redefined.get(id(node), (None, None))
         if plan is not None and not plan.problems:
-            self.ctx.mark_converted(node)
+            self.ctx.mark_handled(node)
         setup = self._setup_at.get(id(node))
         if setup and id(node) not in self._removed:
             self.ctx.insert_before(setup)
@@ -322,7 +322,7 @@ class WrapCall(Rule):
         for problem in plan.problems:
             self.ctx.report(problem.node, problem.code, problem.message)
         # Converted, or every reason it is not was said: the FSDP1 names inside need no catch-all.
-        self.ctx.mark_converted(node)
+        self.ctx.mark_handled(node)
 
     def leave_Call(self, original, updated):
         plan = self._plans.get(id(original))
