@@ -68,7 +68,7 @@ class DualVersionRegions:
             if isinstance(node, cst.If) and not isinstance(parents[-1] if parents else None, cst.If):
                 why = self._dispatching_if(node)
                 function = next((p for p in reversed(parents) if isinstance(p, cst.FunctionDef)), None)
-                if why is not None and function is not None and _exits(node.body) and node.orelse is None:
+                if why is not None and function is not None and node.orelse is None and self._serves_fsdp2_and_leaves(node):
                     node = function  # `if fsdp2: ...; return` - the rest of the function is the other branch
             elif isinstance(node, cst.Tuple) and all(self._versions(node)):
                 why = "names the FSDP1 and the FSDP2 class together"
@@ -80,6 +80,13 @@ class DualVersionRegions:
             if why is not None and self._versions(node)[0]:
                 regions.setdefault(id(node), why)
         return regions
+
+    def _serves_fsdp2_and_leaves(self, node: cst.If) -> bool:
+        """`if <FSDP2 or version test>: <code without FSDP1>; return`: the rest of the function is the FSDP1
+        branch. A guard (`if torch < 2.2: raise ...`) serves neither version, and an early return into FSDP1
+        code serves an old FSDP1: in both the rest of the function is just FSDP1 code."""
+        one, two = self._versions(node.body)
+        return _exits(node.body) and not _raises(node.body) and (self._versions(node.test)[1] or two or not one)
 
     def _dispatching_if(self, node: cst.If) -> str | None:
         """An if/elif chain with a test on FSDP2 or the torch version and FSDP1 code in it."""
@@ -95,9 +102,16 @@ class DualVersionRegions:
         return None
 
 
-def _exits(body) -> bool:
-    """The block always leaves its function or loop."""
+def _last_small_statement(body):
     statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
     last = statements[-1] if statements else None
-    small = last.body[-1] if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) else None
-    return isinstance(small, (cst.Return, cst.Raise, cst.Continue, cst.Break))
+    return last.body[-1] if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) else None
+
+
+def _exits(body) -> bool:
+    """The block always leaves its function or loop."""
+    return isinstance(_last_small_statement(body), (cst.Return, cst.Raise, cst.Continue, cst.Break))
+
+
+def _raises(body) -> bool:
+    return isinstance(_last_small_statement(body), cst.Raise)
