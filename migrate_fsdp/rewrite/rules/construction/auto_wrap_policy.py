@@ -122,6 +122,7 @@ class Policy:
     runtime: cst.BaseExpression | None = None
     var_hint: str = "module"
     name: str = "auto_wrap_policy"
+    when: cst.BaseExpression | None = None  # the children are sharded only where this holds (`policy if cond else None`)
 
 
 class AutoWrapPolicyRule(KeywordRule):
@@ -147,6 +148,15 @@ class AutoWrapPolicyRule(KeywordRule):
 
     def apply(self, argument, plan) -> None:
         value, definition = self.analysis.follow(argument.value, plan)
+        if isinstance(value, cst.IfExp) and (self.analysis.is_none(value.body) or self.analysis.is_none(value.orelse)):
+            # `policy if cond else None`: FSDP1 wrapped the children only where cond held, and so does the loop.
+            wraps = self.analysis.is_none(value.orelse)
+            when = value.test if wraps else expression("not TEST", TEST=value.test)
+            chosen = value.body if wraps else value.orelse
+            self.apply(argument.__class__(argument.name, chosen, argument.arg, argument.kwargs), plan)
+            if plan.policy is not None:
+                plan.policy.when = when
+            return
         if self.analysis.is_none(value):
             return
         policy = self._static(value)
@@ -272,6 +282,13 @@ class AutoWrapPolicyRule(KeywordRule):
     # ----- writing the loop ------------------------------------------------------------------
 
     def loop(self, plan, module, var: cst.Name, child: cst.Call, full_precision: tuple | None, skip) -> list[cst.BaseStatement]:
+        """The statements that shard the submodules FSDP1 wrapped, children first (see _loop), where the policy applies."""
+        loop = self._loop(plan, module, var, child, full_precision, skip)
+        if plan.policy.when is None:
+            return loop
+        return [cst.If(test=plan.policy.when, body=cst.IndentedBlock(loop))]
+
+    def _loop(self, plan, module, var: cst.Name, child: cst.Call, full_precision: tuple | None, skip) -> list[cst.BaseStatement]:
         """The statements that shard the submodules FSDP1 wrapped, children first.
 
         `full_precision` is (classes, call) for the modules FSDP1 wrapped in full

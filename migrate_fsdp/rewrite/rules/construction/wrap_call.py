@@ -137,7 +137,8 @@ class WrapCall(Rule):
             for arg in site.node.args:
                 definition = self.analysis.definitions.of(arg.value) if arg.star == "**" else None
                 if definition is not None:
-                    self.analysis.fsdp1_arguments.update(subtree_ids(definition.value))
+                    for value in [definition.value, *self.analysis.definitions.fill_values(definition)]:
+                        self.analysis.fsdp1_arguments.update(subtree_ids(value))
         for site in self._sites:
             self._plans[id(site.node)] = self._plan(site)
         for plan in self._plans.values():
@@ -234,10 +235,11 @@ class WrapCall(Rule):
             changed = False
             for key, definition in candidates.items():
                 if key not in self._removed and all(id(load) in gone for load in definition.loads):
-                    self._removed.add(key)
                     self.analysis.names.released.add(definition.assignment)
-                    gone.update(subtree_ids(definition.value))
-                    self.ctx.mark_converted(definition.statement)
+                    for statement in definition.statements:  # with a kwargs dict's `kw["key"] = ...` lines
+                        self._removed.add(id(statement))
+                        gone.update(subtree_ids(statement))
+                        self.ctx.mark_converted(statement)
                     changed = True
 
     def _share_setup_at_kwargs_dicts(self) -> None:
@@ -341,6 +343,11 @@ class WrapCall(Rule):
             first = setup[0].with_changes(leading_lines=[*comments, *setup[0].leading_lines])
             return cst.FlattenSentinel([first, *setup[1:]])
         self._dropped[id(updated)] = updated
+        return updated
+
+    def leave_If(self, original, updated):
+        if id(original) in self._removed:  # an `if` that only filled a removed kwargs dict
+            self._dropped[id(updated)] = updated
         return updated
 
     def leave_IndentedBlock(self, original, updated):
