@@ -191,12 +191,12 @@ class WrapCall(Rule):
         after = needs_after(plan, self.rules)
         code = "MF102" if plan.has_children and "MF102" in self.rules else self.code
         if site.is_partial:
-            if plan.has_children or after:
+            if (plan.has_children or after) and not (site.can_insert and not site.in_lambda):
                 what = "auto_wrap_policy" if plan.has_children else after[0]
                 self._problem(
                     plan, site.node, code,
-                    f"functools.partial(FSDP, {what}=...) needs statements around each call; call FSDP (or fully_shard "
-                    "with explicit loops) where the module is wrapped",
+                    f"functools.partial(FSDP, {what}=...) becomes a function defined before this statement, which "
+                    "cannot go here (one-line suite, lambda or clause); put the partial on a line of its own",
                 )
             return
         needs_statements = bool(plan.before) or plan.has_children or bool(after) or plan.sharding is not None and plan.has_children
