@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, is_reevaluable, keyword, statements, with_commas
+from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, expression, is_reevaluable, keyword, statements, with_commas
 
 # fully_shard's keyword order.
 _ORDER = ("mesh", "reshard_after_forward", "mp_policy", "offload_policy", "ignored_params")
@@ -205,7 +205,12 @@ class Emitter:
         settings = plan.mixed_precision
         dtype = rules["MF104"].buffer_dtype(settings) if settings is not None else None
         if dtype is not None:
-            after += self._cast_buffers(module, dtype, skip)
+            if isinstance(dtype, cst.IfExp):  # chosen at run time, None where no cast is needed
+                var = self.names.fresh(self.anchor, "buffer_dtype", "fsdp_buffer_dtype")
+                cast = self._cast_buffers(module, cst.Name(var), skip)
+                after += [assign(var, dtype), cst.If(test=expression(f"{var} is not None"), body=cst.IndentedBlock(cast))]
+            else:
+                after += self._cast_buffers(module, dtype, skip)
         if plan.forward_prefetch:
             after += statements(rules["MF109"].statements(module), MODULE=module)
         return after
