@@ -282,6 +282,8 @@ class WrapCall(Rule):
         if len(sources) != 1 or None in sources:
             return None
         (definition,) = sources
+        if getattr(definition, "fills", ()):  # items set after the dict may name what only exists after it
+            return None
         statement = definition.statement
         if id(statement) not in self.analysis.insertable or self.analysis.initialises_between(statement, plan.site.statement):
             return None
