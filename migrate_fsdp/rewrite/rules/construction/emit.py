@@ -212,7 +212,7 @@ class Emitter:
             else:
                 after += self._cast_buffers(module, dtype, skip)
         if plan.forward_prefetch:
-            after += statements(rules["MF109"].statements(module), MODULE=module)
+            after += rules["MF109"].statements(plan, module)
         return after
 
     def _cast_buffers(self, module, dtype, skip) -> list[cst.BaseStatement]:
