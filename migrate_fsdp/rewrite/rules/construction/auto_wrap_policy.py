@@ -147,6 +147,10 @@ class AutoWrapPolicyRule(KeywordRule):
     }
 
     def apply(self, argument, plan) -> None:
+        definitions = self.analysis.assigned_on_branches(argument.value, plan)
+        if definitions is not None:
+            self._assigned(argument, definitions, plan)
+            return
         value, definition = self.analysis.follow(argument.value, plan)
         if isinstance(value, cst.IfExp) and (self.analysis.is_none(value.body) or self.analysis.is_none(value.orelse)):
             # `policy if cond else None`: FSDP1 wrapped the children only where cond held, and so does the loop.
@@ -171,6 +175,27 @@ class AutoWrapPolicyRule(KeywordRule):
             if replayed is not None and definition is not None:
                 policy.name = definition.target.value  # the user's name for it, free again once the definition goes
         plan.policy = policy
+
+    def _assigned(self, argument, definitions, plan) -> None:
+        """`policy = None` / `if cfg.wrap: policy = ModuleWrapPolicy(...)`: each assignment becomes a torch-only
+        policy function where it stands, and the helper replays it where the variable is not None."""
+        maybe_none = False
+        for definition in definitions:
+            if self.analysis.is_none(definition.value):
+                maybe_none = True
+                continue
+            replayed = self._replayable(definition.value)
+            if replayed is not None:
+                plan.redefined[definition] = replayed
+            elif self.analysis.fsdp1_references(definition.value):
+                raise Unconvertible(
+                    f"{argument.value.value} = {self.ctx.code(definition.value)} is not a policy the rewrite can read; {_ADVICE}",
+                    definition.value,
+                )
+        if maybe_none and len(definitions) == sum(self.analysis.is_none(d.value) for d in definitions):
+            return
+        when = expression("NAME is not None", NAME=argument.value) if maybe_none else None
+        plan.policy = Policy(runtime=argument.value, name=argument.value.value, when=when)
 
     # ----- reading policies ------------------------------------------------------------------
 
