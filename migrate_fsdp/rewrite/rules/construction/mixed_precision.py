@@ -183,7 +183,8 @@ class MixedPrecisionRule(KeywordRule):
     def _assigned_policy(self, assigned: Assigned, root: bool) -> cst.BaseExpression:
         default = call(self.ctx.require_import(*POLICY))
         first = assigned.settings[0]  # all agree on the casts (finish)
-        if root or not (first.cast_root and not first.cast and first.dtype("param_dtype") is not None):
+        casts = any(settings.dtype("param_dtype") is not None for settings in assigned.settings)
+        if root or not (casts and first.cast_root and not first.cast):
             return expression("NAME or DEFAULT", NAME=assigned.name, DEFAULT=default) if assigned.maybe_none else assigned.name
         replace = self.analysis.names.ref(assigned.name, "dataclasses.replace")
         child = expression(f"{replace}(NAME, cast_forward_inputs=False)", NAME=assigned.name)
