@@ -161,6 +161,7 @@ class Definitions:
             ):
                 return None
             fills.append(fill)
+        fills.sort(key=lambda fill: self.order[id(fill.statement)])  # a later item overrides an earlier one
         for guard in {id(fill.guard): fill.guard for fill in fills if fill.guard is not None}.values():
             inside = {id(fill.statement) for fill in fills if fill.guard is guard}
             if not all(id(statement) in inside for statement in guard.body.body):
