@@ -175,10 +175,19 @@ if __name__ == "__main__":
 '''
 
 
+# The same program with the meta-device init behind a config flag (llama-recipes' low_cpu_fsdp), set at run time.
+META_INIT_BY_FLAG = (
+    META_INIT_FSDP1.replace("def main():\n", "def main(low_cpu_fsdp=os.environ.get('LOW_CPU_FSDP', '1') == '1'):\n")
+    .replace("sync_module_states=True", "sync_module_states=low_cpu_fsdp")
+    .replace("if rank != 0 else None", "if low_cpu_fsdp and rank != 0 else None")
+)
+
+
 @pytest.mark.slow
-def test_meta_init_rewrite_takes_rank0_weights(tmp_path):
+@pytest.mark.parametrize("source", [META_INIT_FSDP1, META_INIT_BY_FLAG], ids=["literal", "run_time_flag"])
+def test_meta_init_rewrite_takes_rank0_weights(tmp_path, source):
     script = tmp_path / "meta_init_fsdp1.py"
-    script.write_text(textwrap.dedent(META_INIT_FSDP1))
+    script.write_text(textwrap.dedent(source))
     rewritten, diagnostics = _rewrite(script, tmp_path)
     assert diagnostics == []
     code = rewritten.read_text()
