@@ -56,12 +56,12 @@ class Definition:
 
 @dataclass(frozen=True, eq=False)
 class Fill:
-    """`name["key"] = value` on a line of its own, in the dict's block or as part of an `if` (no else) there."""
+    """`name["key"] = value` on a line of its own, in the dict's block or in an `if` (no else) there (on its line or in its body)."""
 
     key: str
     value: cst.BaseExpression
     target: cst.Name  # the load of the dict's name
-    statement: cst.SimpleStatementLine
+    statement: cst.SimpleStatementLine | cst.If  # the `if` itself for `if cond: name["key"] = value`
     block: cst.CSTNode  # the block holding the statement
     guard: cst.If | None  # the `if` whose body holds it
 
@@ -123,25 +123,34 @@ class Definitions:
 
     def note(self, assign: cst.Assign) -> None:
         statement = self.ctx.statement()
-        if len(assign.targets) != 1 or not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        if isinstance(statement, cst.If):  # only `if cond: name["key"] = value`, on one line, without else
+            alone = isinstance(statement.body, cst.SimpleStatementSuite) and len(statement.body.body) == 1
+            if not alone or statement.orelse is not None:
+                return
+        elif not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return
+        if len(assign.targets) != 1:
             return
         target = assign.targets[0].target
         stack = self.ctx.stack
         index = next(i for i in range(len(stack) - 1, -1, -1) if stack[i] is statement)
         block = stack[index - 1]
-        if isinstance(target, cst.Name):
+        if isinstance(target, cst.Name) and isinstance(statement, cst.SimpleStatementLine):
             self._by_target[id(target)] = (assign, statement)
             self._blocks[id(statement)] = block
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and len(target.slice) == 1:
             key = target.slice[0].slice
-            if isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString):
+            if not (isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString)):
+                return
+            if isinstance(statement, cst.If):
+                guard = statement
+            else:
                 guard = stack[index - 2] if index >= 3 else None
                 if isinstance(guard, cst.If) and guard.body is block and guard.orelse is None:
                     block = stack[index - 3]
                 else:
                     guard = None
-                fill = Fill(key.value.evaluated_value, assign.value, target.value, statement, block, guard)
-                self._fills[id(target.value)] = fill
+            self._fills[id(target.value)] = Fill(key.value.evaluated_value, assign.value, target.value, statement, block, guard)
 
     def fill_values(self, definition: Definition) -> list[cst.BaseExpression]:
         """What `name["key"] = value` statements put in the dict `definition` makes."""
@@ -162,7 +171,7 @@ class Definitions:
                 return None
             fills.append(fill)
         fills.sort(key=lambda fill: self.order[id(fill.statement)])  # a later item overrides an earlier one
-        for guard in {id(fill.guard): fill.guard for fill in fills if fill.guard is not None}.values():
+        for guard in {id(fill.guard): fill.guard for fill in fills if fill.guard not in (None, fill.statement)}.values():
             inside = {id(fill.statement) for fill in fills if fill.guard is guard}
             if not all(id(statement) in inside for statement in guard.body.body):
                 return None

@@ -7,7 +7,7 @@ is read once, into a variable before the call, as FSDP1 read it once.
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import assign, is_reevaluable
+from migrate_fsdp.rewrite.rules.construction.codegen import assign, expression, is_reevaluable
 
 
 def flag(analysis, value: cst.BaseExpression, plan, name: str) -> bool | cst.BaseExpression | None:
@@ -15,6 +15,9 @@ def flag(analysis, value: cst.BaseExpression, plan, name: str) -> bool | cst.Bas
     literal = analysis.literal_bool(value)
     if literal is not None:
         return literal
+    if isinstance(value, cst.IfExp) and {analysis.literal_bool(value.body), analysis.literal_bool(value.orelse)} == {True, False}:
+        # `True if cond else False` (a kwargs item set under `if cond:`): the condition is the flag
+        value = value.test if analysis.literal_bool(value.body) else expression("not TEST", TEST=value.test)
     if analysis.fsdp1_references(value):
         return None
     if is_reevaluable(value):
