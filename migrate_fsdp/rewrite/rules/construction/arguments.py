@@ -111,7 +111,7 @@ class Unbindable(Exception):
 
 
 class Definitions:
-    """Single assignments `name = value` of the file, fed from the read-only pass."""
+    """Assignments `name = value` and `name["key"] = value` of the file, fed from the read-only pass."""
 
     def __init__(self, ctx, order: dict[int, int]) -> None:
         self.ctx = ctx
@@ -171,7 +171,7 @@ class Definitions:
                 return None
             fills.append(fill)
         fills.sort(key=lambda fill: self.order[id(fill.statement)])  # a later item overrides an earlier one
-        for guard in {id(fill.guard): fill.guard for fill in fills if fill.guard not in (None, fill.statement)}.values():
+        for guard in {id(fill.guard): fill.guard for fill in fills if fill.guard is not None and fill.guard is not fill.statement}.values():
             inside = {id(fill.statement) for fill in fills if fill.guard is guard}
             if not all(id(statement) in inside for statement in guard.body.body):
                 return None
