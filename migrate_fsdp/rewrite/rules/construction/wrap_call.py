@@ -411,4 +411,3 @@ _SETUP_ARGUMENTS = ("sharding_strategy", "process_group", "device_mesh", "device
 
 def _setup_nodes(plan: Plan) -> list:
     return [*plan.before, *(node for node in (plan.mesh, plan.sharding) if node is not None)]
-
