@@ -67,6 +67,24 @@ class Analysis:
             and node.args[0].value.evaluated_value == "meta"
         )
 
+    def close_fsdp1_arguments(self) -> None:
+        """Values of names that only FSDP1 arguments read are FSDP1 arguments too.
+
+        So that `bf16 = MixedPrecision(...)`, read only by `mp = bf16 if c else None`,
+        read only by `FSDP(model, mixed_precision=mp)`, can be followed and go with the call.
+        """
+        if not self.fsdp1_arguments:  # a file without FSDP1 calls: nothing to follow
+            return
+        pending = [d for d in self.definitions.singles() if id(d.value) not in self.fsdp1_arguments]
+        changed = True
+        while changed:
+            changed = False
+            for definition in list(pending):
+                if definition.loads and all(id(load) in self.fsdp1_arguments for load in definition.loads):
+                    self.fsdp1_arguments.update(subtree_ids(definition.value))
+                    pending.remove(definition)
+                    changed = True
+
     # ----- readers for the keyword rules ------------------------------------------------------
 
     def follow(self, node: cst.BaseExpression, plan) -> tuple[cst.BaseExpression, Definition | None]:

@@ -152,6 +152,15 @@ class Definitions:
                     guard = None
             self._fills[id(target.value)] = Fill(key.value.evaluated_value, assign.value, target.value, statement, block, guard)
 
+    def singles(self) -> list[Definition]:
+        """Every `name = value` that is the only assignment of its name in its scope."""
+        found = []
+        for assign, _ in self._by_target.values():
+            definition = self.of(assign.targets[0].target)
+            if definition is not None:
+                found.append(definition)
+        return found
+
     def fill_values(self, definition: Definition) -> list[cst.BaseExpression]:
         """What `name["key"] = value` statements put in the dict `definition` makes."""
         return [self._fills[id(load)].value for load in definition.loads if id(load) in self._fills]

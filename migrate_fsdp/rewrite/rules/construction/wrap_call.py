@@ -139,6 +139,7 @@ class WrapCall(Rule):
                 if definition is not None:
                     for value in [definition.value, *self.analysis.definitions.fill_values(definition)]:
                         self.analysis.fsdp1_arguments.update(subtree_ids(value))
+        self.analysis.close_fsdp1_arguments()
         for site in self._sites:
             self._plans[id(site.node)] = self._plan(site)
         for plan in self._plans.values():
