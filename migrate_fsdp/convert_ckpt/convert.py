@@ -131,7 +131,7 @@ def convert(options: Options, out=None, err=None) -> None:
         tensors = [t for output in plan.outputs for t in _tensors(output.tree)]
         total = sum(t.nbytes for t in tensors)
         progress = Progress(total, options.progress and not options.quiet)
-        with atomic_destination(options.dst, plan.dst_is_dir, options.force) as root:
+        with atomic_destination(options.dst, plan.dst_is_dir, options.force, err) as root:
             for output in plan.outputs:
                 path = os.path.join(root, output.name) if output.name else root
                 _write(output, path, plan, options, source, sharded, progress)

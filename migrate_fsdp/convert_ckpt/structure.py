@@ -77,6 +77,9 @@ def discover(tree, what: str, model_key: str | None = None, optim_key: str | Non
         )
     checkpoint = Checkpoint(root=tree)
     _find_optimizer(checkpoint, tree, what, optim_key)
+    _refuse_raw_optimizer(checkpoint.optimizer, what)
+    if not model_key and not optim_key:
+        _refuse_empty_entries(tree, what)
     _find_model(checkpoint, tree, what, model_key)
     if checkpoint.optim_flat:
         checkpoint.optimizer = unflatten_optim(checkpoint.optimizer, checkpoint.model or ())
@@ -131,13 +134,46 @@ def _find_model(checkpoint: Checkpoint, tree, what, model_key):
         checkpoint.model_path, checkpoint.model = (), top_tensors
 
 
+def _empty_refusal(what: str, where: str = "") -> Refused:
+    return Refused(
+        f"{what} holds no tensors{where} (an empty state dict): with rank0_only=True only rank 0 receives the full "
+        "state dict, so the other ranks' files are empty; convert the file written by rank 0"
+    )
+
+
+def _refuse_empty_entries(tree: Mapping, what):
+    """A rank>0 file of a rank0_only save: `{"model": {}, "optimizer": {}}` plus whatever else the loop saved
+    (epoch, RNG state). Without this the RNG tensor at the top would be taken for the model."""
+    for key in MODEL_KEYS + OPTIM_KEYS:
+        value = tree.get(key)
+        if isinstance(value, Mapping) and not value:
+            raise _empty_refusal(what, f" under {key!r}")
+
+
+def _refuse_raw_optimizer(optimizer, what):
+    """Checked before empty entries: a rank>0 file of a rank0_only save that also holds the raw optimizer state is
+    refused for the optimizer, the mistake that needs fixing in the training script."""
+    if optimizer is None or not is_nested_optim(optimizer):
+        return
+    ids = [k for k in optimizer[STATE] if not isinstance(k, str)] + [
+        p
+        for group in optimizer[PARAM_GROUPS]
+        if isinstance(group, Mapping)
+        for p in group.get(PARAMS, ())
+        if not isinstance(p, str)
+    ]
+    if ids:
+        raise Refused(
+            f"{what} holds a raw optimizer.state_dict() (state keyed by integer ids; under FSDP1 these are flat, "
+            "sharded tensors): save FSDP.optim_state_dict(model, optimizer) under StateDictType.FULL_STATE_DICT "
+            "instead"
+        )
+
+
 def _refuse(checkpoint: Checkpoint, what):
     model, optimizer = checkpoint.model or {}, checkpoint.optimizer
     if not has_tensor(model) and not has_tensor(optimizer) and not has_tensor(checkpoint.extras):
-        raise Refused(
-            f"{what} holds no tensors (an empty state dict): with rank0_only=True only rank 0 receives the full "
-            "state dict, so the other ranks' files are empty; convert the file written by rank 0"
-        )
+        raise _empty_refusal(what)
     if any(not isinstance(k, str) for k in model):
         raise Refused(f"{what}: the model state dict has non-string keys; it is not a module state dict")
     flat_params = [k for k in model if k.split(".")[-1] in ("flat_param", "_flat_param")]
@@ -146,20 +182,6 @@ def _refuse(checkpoint: Checkpoint, what):
             f"{what} holds FSDP1 flat parameters ({flat_params[0]}): a LOCAL_STATE_DICT cannot be unflattened "
             "without the FSDP1 model; load it there and save a FULL_STATE_DICT"
         )
-    if optimizer is not None:
-        ids = [k for k in optimizer[STATE] if not isinstance(k, str)] + [
-            p
-            for group in optimizer[PARAM_GROUPS]
-            if isinstance(group, Mapping)
-            for p in group.get(PARAMS, ())
-            if not isinstance(p, str)
-        ]
-        if ids:
-            raise Refused(
-                f"{what} holds a raw optimizer.state_dict() (state keyed by integer ids; under FSDP1 these are flat, "
-                "sharded tensors): save FSDP.optim_state_dict(model, optimizer) under StateDictType.FULL_STATE_DICT "
-                "instead"
-            )
 
 
 def unflatten_optim(flat: Mapping, param_names) -> dict:

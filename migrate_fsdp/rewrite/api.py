@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
+from migrate_fsdp.rewrite.analysis.program import FileFacts, Verdict, decide
 from migrate_fsdp.rewrite.context import FileContext
+from migrate_fsdp.rewrite.deep_stack import call_with_deep_stack, nesting_python_refuses
 from migrate_fsdp.rewrite.diagnostics import Diagnostic
 from migrate_fsdp.rewrite.dispatch import Dispatcher
 from migrate_fsdp.rewrite.imports import finish_module
@@ -41,44 +43,82 @@ def worth_parsing(source: bytes, selection: Selection) -> bool:
     return any(token in source for rule in selection.rules() for token in rule.tokens)
 
 
+class ParsedFile:
+    """One file of a program, parsed once; rewritten once, and again if the program's verdict asks."""
+
+    def __init__(self, data: bytes, path: str, selection: Selection, todo: bool) -> None:
+        self.data, self.path, self.selection, self.todo = data, path, selection, todo
+        self.done: RewriteResult | None = None  # the result, when there is nothing to rewrite
+        self._ctx: FileContext | None = None
+        if not worth_parsing(data, selection):
+            self.done = RewriteResult(path, data, data)
+            return
+        too_deep = nesting_python_refuses(data, path)
+        if too_deep:
+            message = f"nested deeper than Python compiles ({too_deep}); file skipped"
+            self.done = RewriteResult(path, data, data, [Diagnostic(path, 1, 1, PARSE_ERROR, message)])
+            return
+        try:
+            self.module = call_with_deep_stack(cst.parse_module, data)
+        except cst.ParserSyntaxError as error:
+            message = f"cannot parse: {error.message}; file skipped"
+            self.done = RewriteResult(path, data, data, [Diagnostic(path, error.raw_line, error.raw_column + 1, PARSE_ERROR, message)])
+        except UnicodeDecodeError as error:  # bytes that are not in the declared (or default UTF-8) encoding
+            line_start = data.rfind(b"\n", 0, error.start) + 1
+            line, column = data.count(b"\n", 0, error.start) + 1, error.start - line_start + 1
+            message = f"cannot decode as {error.encoding} ({error.reason}); declare the file's encoding; file skipped"
+            self.done = RewriteResult(path, data, data, [Diagnostic(path, line, column, PARSE_ERROR, message)])
+
+    def rewrite(self, verdict: Verdict | None = None) -> tuple[RewriteResult, FileFacts]:
+        """The file rewritten (under `verdict`, or as if every constructor converted), and its facts."""
+        if self.done is not None:
+            return self.done, FileFacts(self.path)
+        return call_with_deep_stack(self._rewrite, verdict)
+
+    def _rewrite(self, verdict: Verdict | None) -> tuple[RewriteResult, FileFacts]:
+        try:
+            if self._ctx is None:
+                wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
+                text = self.data.decode(self.module.encoding, errors="replace")
+                self._ctx = FileContext(self.path, wrapper, self.selection.codes, self.todo, text)
+                ctx = self._ctx
+            else:
+                ctx = self._ctx.with_verdict(verdict)
+            return _rewrite_module(ctx, self.module, self.data, self.selection), ctx.program.facts
+        except Exception as error:  # a bug of ours must not stop a run over a whole tree
+            message = f"internal error ({type(error).__name__}: {error}); file left unchanged, please report it"
+            diagnostic = Diagnostic(self.path, 1, 1, INTERNAL_ERROR, message)
+            return RewriteResult(self.path, self.data, self.data, [diagnostic], self.module.encoding), FileFacts(self.path)
+
+
+def rewrite_program(files: list[ParsedFile]) -> list[RewriteResult]:
+    """Rewrite files that form one program: each model converts together with all its uses, or not at all."""
+    first = [file.rewrite() for file in files]
+    verdicts = decide([facts for _, facts in first])
+    return [file.rewrite(verdicts[file.path])[0] if file.path in verdicts else result for file, (result, _) in zip(files, first)]
+
+
 def rewrite_source(
     source: str | bytes,
     path: str = "<string>",
     selection: Selection | None = None,
     todo: bool = True,
 ) -> RewriteResult:
-    """Rewrite FSDP1 code in `source`; never raises for bad input, it reports it."""
+    """Rewrite FSDP1 code in `source`, a program of one file; never raises for bad input, it reports it."""
     selection = selection or Selection.from_prefixes(None, None)
     data = source.encode("utf-8") if isinstance(source, str) else source
-    if not worth_parsing(data, selection):
-        return RewriteResult(path, data, data)
-    try:
-        module = cst.parse_module(data)
-    except cst.ParserSyntaxError as error:
-        message = f"cannot parse: {error.message}; file skipped"
-        return RewriteResult(path, data, data, [Diagnostic(path, error.raw_line, error.raw_column + 1, PARSE_ERROR, message)])
-    except UnicodeDecodeError as error:  # bytes that are not in the declared (or default UTF-8) encoding
-        line_start = data.rfind(b"\n", 0, error.start) + 1
-        line, column = data.count(b"\n", 0, error.start) + 1, error.start - line_start + 1
-        message = f"cannot decode as {error.encoding} ({error.reason}); declare the file's encoding; file skipped"
-        return RewriteResult(path, data, data, [Diagnostic(path, line, column, PARSE_ERROR, message)])
-    try:
-        return _rewrite_module(module, data, path, selection, todo)
-    except Exception as error:  # a bug of ours must not stop a run over a whole tree
-        message = f"internal error ({type(error).__name__}: {error}); file left unchanged, please report it"
-        return RewriteResult(path, data, data, [Diagnostic(path, 1, 1, INTERNAL_ERROR, message)], module.encoding)
+    return rewrite_program([ParsedFile(data, path, selection, todo)])[0]
 
 
-def _rewrite_module(module: cst.Module, data: bytes, path: str, selection: Selection, todo: bool) -> RewriteResult:
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    ctx = FileContext(path, wrapper, selection.codes, todo)
+def _rewrite_module(ctx: FileContext, module: cst.Module, data: bytes, selection: Selection) -> RewriteResult:
+    path = ctx.path
     rules = [rule(ctx) for rule in selection.rules()]
     dispatcher = Dispatcher(ctx, rules, catch_leftovers=LEFTOVER in selection)
     new_module = dispatcher.run()
     diagnostics = ctx.diagnostics()
     if not dispatcher.changed:
         return RewriteResult(path, data, data, diagnostics, module.encoding)
-    new_data = finish_module(new_module, ctx.imports, ctx.helpers).bytes
+    new_data = finish_module(new_module, ctx.imports, ctx.helpers, module).bytes
     if new_data != data:
         cst.parse_module(new_data)  # never hand back code that does not parse
     return RewriteResult(path, data, new_data, diagnostics, module.encoding)

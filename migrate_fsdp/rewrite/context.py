@@ -12,7 +12,10 @@ import libcst as cst
 from libcst._metadata_dependent import LazyValue
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider, Scope, ScopeProvider
 
+from migrate_fsdp.rewrite.analysis.program import Gate
+from migrate_fsdp.rewrite.analysis.versions import DualVersionRegions
 from migrate_fsdp.rewrite.diagnostics import Diagnostic, todo_comment
+from migrate_fsdp.rewrite.helpers import helper_source, renamed
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
 
 # Nodes that own `leading_lines`, where a TODO comment can sit.
@@ -42,13 +45,14 @@ _DEFERRED_TYPES = (
 class _StatementEdits:
     before: list = field(default_factory=list)
     after: list = field(default_factory=list)
-    todos: list = field(default_factory=list)
+    todos: list = field(default_factory=list)  # the codes reported on the statement
 
 
 class FileContext:
-    def __init__(self, path: str, wrapper: MetadataWrapper, selected: frozenset, todo: bool) -> None:
+    def __init__(self, path: str, wrapper: MetadataWrapper, selected: frozenset, todo: bool, text: str = "") -> None:
         self.path = path
         self.module = wrapper.module
+        self.text = text  # the source, for cheap text tests before any walk
         self.facts: dict = {}  # analysis results rules share, keyed by rule name
         self.stack: list[cst.CSTNode] = []  # original nodes from the module down to the current one
         self._wrapper = wrapper
@@ -61,6 +65,16 @@ class FileContext:
         self._edits: dict[int, _StatementEdits] = {}
         self.imports: dict[tuple[str, str], str] = {}  # (module, name) -> local name to add
         self.helpers: dict[str, list[cst.BaseStatement]] = {}
+        self._positions = None
+        self.dual_versions = DualVersionRegions(self)
+        self.program = Gate(self, None)
+
+    def with_verdict(self, verdict) -> "FileContext":
+        """A fresh context over the same parsed tree and metadata, for a rewrite under the program's verdict."""
+        ctx = FileContext(self.path, self._wrapper, self._selected, self._todo, self.text)
+        ctx._positions = self._positions
+        ctx.program = Gate(ctx, verdict)
+        return ctx
 
     # ----- reading the original tree -------------------------------------------------
 
@@ -81,6 +95,13 @@ class FileContext:
     def scope(self, node: cst.CSTNode) -> Scope | None:
         scope = self._scopes.get(node)
         return scope() if isinstance(scope, LazyValue) else scope
+
+    def position(self, node: cst.CSTNode) -> tuple[int, int]:
+        """(line, column), 1-based, where the original `node` starts."""
+        if self._positions is None:
+            self._positions = self._wrapper.resolve(PositionProvider)
+        start = self._positions[node].start
+        return start.line, start.column + 1
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
@@ -122,9 +143,8 @@ class FileContext:
         self._covered.add(id(node))
         if self._todo:
             edits = self._edits_for(self.statement())
-            comment = todo_comment(code, message)
-            if comment not in edits.todos:
-                edits.todos.append(comment)
+            if code not in edits.todos:
+                edits.todos.append(code)
 
     def mark_converted(self, node: cst.CSTNode) -> None:
         """Record that FSDP1 references inside `node` were rewritten away."""
@@ -142,17 +162,25 @@ class FileContext:
         edits = self._edits_for(self.statement())
         (edits.before if before else edits.after).extend(statements)
 
-    def require_import(self, module: str, name: str) -> str:
-        """Make `name` from `module` available at module level; returns the local name."""
+    def require_import(self, module: str, name: str | None) -> str:
+        """Make `name` from `module` (with name None, `module` itself) available at module level;
+        returns the local name."""
         key = (module, name)
         if key not in self.imports:
             self.imports[key] = self._free_local_name(module, name)
         return self.imports[key]
 
-    def add_helper(self, name: str, source: str) -> str:
-        """Add a module-level definition (once), unless the file already has one of that name."""
+    def add_helper(self, name: str) -> str:
+        """Add the helper function `name` (migrate_fsdp/rewrite/helpers/<name>.py) and its imports,
+        once, unless the file already has a definition of that name."""
         if name not in self.helpers and not self._defines_top_level(name):
-            self.helpers[name] = list(cst.parse_module(source).body)
+            source = helper_source(name)
+            renames = {}
+            for module, imported in source.imports:
+                local = self.require_import(module, imported)
+                if local != (imported or module):
+                    renames[imported or module] = local
+            self.helpers[name] = renamed(source.definitions, renames)
         return name
 
     # ----- engine side -------------------------------------------------------------------
@@ -163,15 +191,13 @@ class FileContext:
     def pop_edits(self, statement: cst.CSTNode) -> _StatementEdits | None:
         return self._edits.pop(id(statement), None)
 
+    def todo_line(self, statement: cst.CSTNode, codes: list[str]) -> str:
+        """The TODO comment for `codes` above the original `statement`, fitted to its indentation."""
+        indent = self._wrapper.resolve(PositionProvider)[statement].start.column
+        return todo_comment(codes, indent)
+
     def diagnostics(self) -> list[Diagnostic]:
-        if not self._reports:
-            return []
-        positions = self._wrapper.resolve(PositionProvider)
-        result = []
-        for node, code, message in self._reports:
-            start = positions[node].start
-            result.append(Diagnostic(self.path, start.line, start.column + 1, code, message))
-        return sorted(set(result))
+        return sorted({Diagnostic(self.path, *self.position(node), code, message) for node, code, message in self._reports})
 
     def _edits_for(self, statement: cst.CSTNode) -> _StatementEdits:
         return self._edits.setdefault(id(statement), _StatementEdits())
@@ -179,12 +205,15 @@ class FileContext:
     def _global_scope(self) -> Scope | None:
         return self.scope(self.module)
 
-    def _free_local_name(self, module: str, name: str) -> str:
+    def _free_local_name(self, module: str, name: str | None) -> str:
+        qualified = module if name is None else f"{module}.{name}"
+        name = name or module
         scope = self._global_scope()
         if scope is None or name not in scope:
             return name
-        if f"{module}.{name}" in {q.name for q in scope.get_qualified_names_for(name)}:
-            return name
+        bound = {q.name for q in scope.get_qualified_names_for(name)}
+        if qualified in bound or (name == module and any(q.startswith(module + ".") for q in bound)):
+            return name  # imported already (`import torch.nn` binds `torch` too)
         alias = f"fsdp2_{name}"
         if alias in scope:
             raise ValueError(f"cannot import {module}.{name}: both {name} and {alias} are taken")

@@ -12,7 +12,9 @@ from collections import defaultdict
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.program import DUAL_VERSION
 from migrate_fsdp.rewrite.context import _STATEMENT_TYPES, FileContext
+from migrate_fsdp.rewrite.diagnostics import is_todo
 from migrate_fsdp.rewrite.syntax import chain_root, dotted
 
 LEFTOVER_CODE = "MF900"
@@ -71,6 +73,7 @@ class Dispatcher(cst.CSTTransformer):
         self._open_references: dict[int, list] = defaultdict(list)  # statement id -> [(node, ancestor ids)]
         self._reference_ids: set[int] = set()
         self._torch_names: set[str] = set()  # local names that imports from torch bind
+        self._dual_regions: set[int] = set()
         self.changed = False  # LibCST rebuilds every node, so identity cannot tell
 
     def run(self) -> cst.Module:
@@ -80,6 +83,12 @@ class Dispatcher(cst.CSTTransformer):
     def on_visit(self, node: cst.CSTNode) -> bool:
         ctx = self.ctx
         ctx.stack.append(node)
+        dual = ctx.dual_versions.why(node) if isinstance(node, _STATEMENT_TYPES) else None
+        if dual is not None:
+            # Code that serves both versions is left whole: no rule looks inside.
+            ctx.report(node, DUAL_VERSION, f"already serves FSDP1 and FSDP2 ({dual}); left as is")
+            self._dual_regions.add(id(node))
+            return False
         if isinstance(node, (cst.Import, cst.ImportFrom)):
             self._import_depth += 1
         elif self._catch_leftovers and not self._import_depth and isinstance(node, (cst.Name, cst.Attribute)):
@@ -89,6 +98,9 @@ class Dispatcher(cst.CSTTransformer):
         return True
 
     def on_leave(self, original_node: cst.CSTNode, updated_node):
+        if id(original_node) in self._dual_regions:
+            self.ctx.stack.pop()
+            return self._apply_statement_edits(original_node, updated_node)
         result = updated_node
         for hook in self._leave.get(type(original_node).__name__, ()):
             result = hook(original_node, result)
@@ -129,19 +141,17 @@ class Dispatcher(cst.CSTTransformer):
         edits = self.ctx.pop_edits(original)
         if edits is None or not isinstance(updated, _STATEMENT_TYPES):
             return updated
-        if edits.todos:
-            present = {line.comment.value for line in updated.leading_lines if line.comment}
-            new_lines = [
-                cst.EmptyLine(comment=cst.Comment(text)) for text in edits.todos if text not in present
-            ]
-            updated = updated.with_changes(leading_lines=[*updated.leading_lines, *new_lines])
+        todo = self.ctx.todo_line(original, edits.todos) if edits.todos else None
+        if todo is not None:
+            # One TODO a statement: a re-run's (or an older run's) line is replaced, not repeated.
+            kept = [line for line in updated.leading_lines if not (line.comment and is_todo(line.comment.value))]
+            updated = updated.with_changes(leading_lines=[*kept, cst.EmptyLine(comment=cst.Comment(todo))])
         if not (edits.before or edits.after):
             return updated
         group = [*edits.before, updated, *edits.after]
         if edits.before:
-            # Comments above the statement stay above the whole group; TODOs stay on it.
-            todo_texts = set(edits.todos)
-            own = [line for line in updated.leading_lines if line.comment and line.comment.value in todo_texts]
+            # Comments above the statement stay above the whole group; the TODO stays on it.
+            own = [line for line in updated.leading_lines if line.comment and line.comment.value == todo]
             above = [line for line in updated.leading_lines if line not in own]
             group[0] = group[0].with_changes(leading_lines=[*above, *group[0].leading_lines])
             group[len(edits.before)] = updated.with_changes(leading_lines=own)

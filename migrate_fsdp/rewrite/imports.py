@@ -1,23 +1,35 @@
 """Import and helper bookkeeping, done once per file after the rules ran.
 
-FSDP1 imports are dropped only when nothing in the rewritten file still uses
-the name they bind (an unconverted use keeps its import, next to its TODO);
-FSDP2 names the rules asked for are added once, merged into an existing
-`from M import ...` when there is one, else where the FSDP imports stood.
+The aim is an output with no pyflakes finding its input did not have. An
+import is dropped when nothing in the rewritten file uses the name it binds
+any more and either it is FSDP1's or the input used it (the rewrite took its
+last use away: `functools` of a removed `functools.partial(...)` policy); an
+unconverted use keeps its import, next to its TODO. Names in string
+annotations count as uses. FSDP2 names the rules asked for are added once and
+only when the output uses them, merged into an existing `from M import ...`
+when there is one, else where the FSDP imports stood, inside the same
+`try:` / version check when those were guarded.
 """
 
 import libcst as cst
 
 from migrate_fsdp.rewrite.names import FSDP_PACKAGE, is_fsdp1
-from migrate_fsdp.rewrite.syntax import dotted, imported_modules, is_docstring, is_import_line
+from migrate_fsdp.rewrite.syntax import chain_root, dotted, imported_modules, is_docstring, is_import_line
 
 
 class _UsedNames(cst.CSTVisitor):
-    """Names and dotted chains the code uses outside imports, and what `__all__` re-exports."""
+    """Names and dotted chains the code uses outside imports, and what `__all__` re-exports.
 
-    def __init__(self) -> None:
+    `scoped`: only the uses a module-level import serves; a function that imports
+    a name itself (anywhere in its body) holds it as a local throughout, and so do
+    the functions nested in it.
+    """
+
+    def __init__(self, scoped: bool = True) -> None:
         self.names: set[str] = set()
         self.chains: set[str] = set()
+        self._scoped = scoped
+        self._local: list[set[str]] = []  # names the enclosing functions import themselves
 
     def visit_Import(self, node) -> bool:
         return False
@@ -25,16 +37,77 @@ class _UsedNames(cst.CSTVisitor):
     def visit_ImportFrom(self, node) -> bool:
         return False
 
-    def visit_Name(self, node: cst.Name) -> None:
-        self.names.add(node.value)
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if self._scoped:
+            self._local.append(local_imports(node))
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self.chains.add(dotted(node))
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if self._scoped:
+            self._local.pop()
+
+    def _shadowed(self, name: str) -> bool:
+        return any(name in names for names in self._local)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if not self._shadowed(node.value):
+            self.names.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if not self._shadowed(chain_root(node)):
+            self.chains.add(dotted(node))
+        node.value.visit(self)
+        return False  # `DistributedType.FSDP` does not use a name `FSDP`
 
     def visit_Assign(self, node: cst.Assign) -> None:
         if any(dotted(target.target) == "__all__" for target in node.targets):
             for string in _strings_in(node.value):
                 self.names.add(string)
+
+    def visit_Annotation(self, node: cst.Annotation) -> None:
+        node.visit(_StringAnnotations(self))
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+        # `FSDP = None` in an `except ImportError:` rebinds the name, it does not use it
+        return not isinstance(node.target, cst.Name)
+
+
+class _LocalImports(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_FunctionDef(self, node) -> bool:
+        return False  # a nested function's imports are its own
+
+    def visit_ClassDef(self, node) -> bool:
+        return False
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        bound = node.asname.name if node.asname else node.name
+        self.names.add(dotted(bound).split(".", 1)[0])
+
+
+def local_imports(function: cst.FunctionDef) -> set[str]:
+    """The names `function` binds by importing them in its own body."""
+    found = _LocalImports()
+    function.body.visit(found)
+    return found.names
+
+
+class _StringAnnotations(cst.CSTVisitor):
+    """Names used inside the quoted parts of an annotation (`"FSDP"`, `Optional["nn.Module"]`)."""
+
+    def __init__(self, used: _UsedNames) -> None:
+        self.used = used
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        value = node.evaluated_value
+        if not isinstance(value, str):
+            return
+        try:
+            expression = cst.parse_expression(value.strip())
+        except cst.ParserSyntaxError:
+            return
+        expression.visit(self.used)
 
 
 def _strings_in(node) -> list[str]:
@@ -53,22 +126,50 @@ def _is_fsdp_module(module_name: str) -> bool:
 
 def _without_trailing_comma(aliases: list, original: list) -> list:
     kept = list(aliases)
-    kept[-1] = kept[-1].with_changes(comma=original[-1].comma)
+    kept[-1] = kept[-1].with_changes(comma=_relaid(original[-1].comma, kept[-1].comma))
     return kept
 
 
-class _DropUnusedFSDP1Imports(cst.CSTTransformer):
-    def __init__(self, used: _UsedNames) -> None:
+def _relaid(layout, comment_from, lines_too: bool = True):
+    """The comma `layout` (with the line break after it, in a one-name-a-line import) carrying the
+    end-of-line comment of the comma `comment_from` instead of its own: a name's comment stays
+    with the name, and goes when the name goes. `lines_too=False` drops the comment lines below."""
+    if not (isinstance(layout, cst.Comma) and isinstance(layout.whitespace_after, cst.ParenthesizedWhitespace)):
+        return layout
+    first_line = cst.TrailingWhitespace()
+    if isinstance(comment_from, cst.Comma) and isinstance(comment_from.whitespace_after, cst.ParenthesizedWhitespace):
+        first_line = comment_from.whitespace_after.first_line
+    whitespace = layout.whitespace_after.with_changes(first_line=first_line)
+    if not lines_too:
+        whitespace = whitespace.with_changes(empty_lines=[])
+    return layout.with_changes(whitespace_after=whitespace)
+
+
+class _DropUnusedImports(cst.CSTTransformer):
+    """Drops the imports nobody uses any more: FSDP1's, and those the input used."""
+
+    def __init__(self, used: _UsedNames, used_before: _UsedNames, used_before_anywhere: _UsedNames) -> None:
         super().__init__()
         self.used = used
+        self.used_before = used_before
+        self.used_before_anywhere = used_before_anywhere
+        self.functions: list[_UsedNames] = []  # the uses inside each enclosing function, innermost last
+        self.emptied: set[int] = set()  # ids of the original import lines dropped whole
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        inside = _UsedNames(scoped=False)
+        node.body.visit(inside)
+        self.functions.append(inside)
+
+    def leave_FunctionDef(self, original, updated):
+        self.functions.pop()
+        return updated
 
     def leave_ImportFrom(self, original, updated):
         if updated.relative or isinstance(updated.names, cst.ImportStar):
             return updated
         module_name = dotted(updated.module)
-        if not _is_fsdp_module(module_name):
-            return updated
-        kept = [alias for alias in updated.names if not self._unused_fsdp1(f"{module_name}.{dotted(alias.name)}", alias)]
+        kept = [alias for alias in updated.names if not self._drop(f"{module_name}.{dotted(alias.name)}", alias)]
         if len(kept) == len(updated.names):
             return updated
         if not kept:
@@ -76,42 +177,82 @@ class _DropUnusedFSDP1Imports(cst.CSTTransformer):
         return updated.with_changes(names=_without_trailing_comma(kept, updated.names))
 
     def leave_Import(self, original, updated):
-        kept = [alias for alias in updated.names if not self._unused_fsdp1(dotted(alias.name), alias)]
+        kept = [alias for alias in updated.names if not self._drop(dotted(alias.name), alias)]
         if len(kept) == len(updated.names):
             return updated
         if not kept:
             return cst.RemoveFromParent()
         return updated.with_changes(names=_without_trailing_comma(kept, updated.names))
 
-    def _unused_fsdp1(self, qualified: str, alias: cst.ImportAlias) -> bool:
-        if not is_fsdp1(qualified):
-            return False
-        if alias.asname is not None:
-            return dotted(alias.asname.name) not in self.used.names
-        bound = dotted(alias.name)
-        if "." not in bound:  # `from m import X`
-            return bound not in self.used.names
-        # `import torch.distributed.fsdp.wrap`: used while a chain spells it out.
-        return not any(chain == bound or chain.startswith(bound + ".") for chain in self.used.chains)
+    def _drop(self, qualified: str, alias: cst.ImportAlias) -> bool:
+        # An import inside a function serves that function only.
+        used, used_before = (self.functions[-1], self.used_before_anywhere) if self.functions else (self.used, self.used_before)
+        if is_fsdp1(qualified):
+            return not _uses(used, alias, by_chain=True)
+        if not _uses(used_before, alias, by_chain=False):
+            return False  # unused in the input too: a re-export or a side effect, not ours to judge
+        return not _uses(used, alias, by_chain=False)
 
     def leave_SimpleStatementLine(self, original, updated):
         if not updated.body:
+            self.emptied.add(id(original))
             return cst.RemoveFromParent()
         return updated
 
+    def leave_Module(self, original, updated):
+        return updated.with_changes(body=self._lines_carried(original.body, updated.body))
+
     def leave_IndentedBlock(self, original, updated):
-        if not updated.body:
-            return updated.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
-        return updated
+        return updated.with_changes(body=self._lines_carried(original.body, updated.body))
+
+    def _lines_carried(self, original: list, updated: list) -> list:
+        """`updated` with the lines above each dropped import line (a blank line between import
+        groups, a comment heading a group) moved to the statement that follows it."""
+        kept, carried, dropped, remaining = [], [], False, iter(updated)
+        for statement in original:
+            if id(statement) in self.emptied:
+                carried, dropped = [*carried, *statement.leading_lines], True
+                continue
+            statement = next(remaining)
+            if dropped:
+                own = list(statement.leading_lines)
+                if not kept:  # now first in its block: no blank line above it
+                    own = [*carried, *(line for line in own if line.comment)]
+                elif not own:
+                    own = carried
+                elif any(line.comment for line in carried):
+                    own = [*carried, *own]
+                statement = statement.with_changes(leading_lines=own)
+                carried, dropped = [], False
+            kept.append(statement)
+        return kept
 
 
-def _already_imported(body, module_name: str, name: str, local: str) -> bool:
+def _uses(used: _UsedNames, alias: cst.ImportAlias, by_chain: bool) -> bool:
+    """Whether the name `alias` binds is used; `import a.b` binds `a`, or with `by_chain`
+    counts only while a chain spells out `a.b`."""
+    if alias.asname is not None:
+        return dotted(alias.asname.name) in used.names
+    bound = dotted(alias.name)
+    if "." not in bound:
+        return bound in used.names
+    if by_chain:
+        return any(chain == bound or chain.startswith(bound + ".") for chain in used.chains)
+    return bound.split(".", 1)[0] in used.names
+
+
+def _already_imported(body, module_name: str, name: str | None, local: str) -> bool:
     for statement in body:
         if not is_import_line(statement):
             continue
         for imp in statement.body:
-            if isinstance(imp, cst.ImportFrom) and not imp.relative and dotted(imp.module) == module_name:
-                if isinstance(imp.names, cst.ImportStar):
+            if name is None and isinstance(imp, cst.Import):
+                for alias in imp.names:
+                    bound = dotted(alias.asname.name) if alias.asname else dotted(alias.name).split(".")[0]
+                    if bound == local and (dotted(alias.name) == module_name or alias.asname is None):
+                        return True
+            if name is not None and isinstance(imp, cst.ImportFrom) and not imp.relative:
+                if dotted(imp.module) != module_name or isinstance(imp.names, cst.ImportStar):
                     continue
                 for alias in imp.names:
                     bound = dotted(alias.asname.name) if alias.asname else dotted(alias.name)
@@ -140,9 +281,9 @@ def _merge_into(statement, module_name: str, aliases: list):
                 # whitespace holds the next line's indent, the last one the closing line's.
                 between = names[-2].comma if len(names) > 1 else cst.Comma(whitespace_after=imp.lpar.whitespace_after)
                 closing = names[-1].comma
-                names[-1] = names[-1].with_changes(comma=between)
-                new = [alias.with_changes(comma=between) for alias in aliases]
-                new[-1] = new[-1].with_changes(comma=closing)
+                names[-1] = names[-1].with_changes(comma=_relaid(between, closing, lines_too=False))
+                new = [alias.with_changes(comma=_relaid(between, None, lines_too=False)) for alias in aliases]
+                new[-1] = new[-1].with_changes(comma=_relaid(closing, None))
             else:
                 comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
                 names[-1] = names[-1].with_changes(comma=comma)
@@ -154,12 +295,68 @@ def _merge_into(statement, module_name: str, aliases: list):
     return None
 
 
-def _import_position(body: list) -> int:
-    """Where a new FSDP2 import line goes: before the first FSDP import, else after the header's imports."""
+def _is_fsdp_import(statement) -> bool:
+    return is_import_line(statement) and any(_is_fsdp_module(m) for m in imported_modules(statement))
+
+
+def _guarded_suites(statement, type_checking: bool = False) -> list[str]:
+    """The suites of a module-level import guard (`try:`, a version check) that may hold imports, by
+    attribute path; for `if TYPE_CHECKING:`, whose imports do not exist at run time, only when asked."""
+    if isinstance(statement, cst.Try):
+        return ["body"]
+    if isinstance(statement, cst.If):
+        if not type_checking and "TYPE_CHECKING" in cst.Module([]).code_for_node(statement.test):
+            return []
+        return ["body", "orelse.body"] if isinstance(statement.orelse, cst.Else) else ["body"]
+    return []
+
+
+def _suite_of(statement, path: str) -> cst.IndentedBlock | None:
+    node = statement
+    for attr in path.split("."):
+        node = getattr(node, attr)
+    return node if isinstance(node, cst.IndentedBlock) else None
+
+
+def _with_suite(statement, path: str, body: list):
+    if path == "body":
+        return statement.with_changes(body=statement.body.with_changes(body=body))
+    orelse = statement.orelse
+    return statement.with_changes(orelse=orelse.with_changes(body=orelse.body.with_changes(body=body)))
+
+
+def _import_bodies(body: list):
+    """The module's body, then each guard's suite: (statements, put back) pairs, in file order."""
+    yield body, None
+    for index, statement in enumerate(body):
+        for path in _guarded_suites(statement):
+            suite = _suite_of(statement, path)
+            if suite is not None and any(is_import_line(s) for s in suite.body):
+
+                def put_back(statements, index=index, path=path):
+                    body[index] = _with_suite(body[index], path, statements)
+
+                yield list(suite.body), put_back
+
+
+def _fsdp_import_guard(body: list):
+    """The guard suite holding the first FSDP import when the module's FSDP imports are all guarded."""
+    if any(_is_fsdp_import(statement) for statement in body):
+        return None
+    for statements, put_back in _import_bodies(body):
+        if put_back is not None and any(_is_fsdp_import(s) for s in statements):
+            return statements, put_back
+    return None
+
+
+def _import_position(body: list, package: str | None = None) -> int:
+    """Where a new import line goes: before the first FSDP import (or, for `import package`, the first
+    import from inside that package), else after the header's imports."""
     last_import = None
     for index, statement in enumerate(body):
         if is_import_line(statement):
-            if any(_is_fsdp_module(m) for m in imported_modules(statement)):
+            inside = package is not None and any(m.startswith(package + ".") for m in imported_modules(statement))
+            if inside or _is_fsdp_import(statement):
                 return index
             last_import = index
         elif not is_docstring(statement) and last_import is not None:
@@ -169,32 +366,73 @@ def _import_position(body: list) -> int:
     return 1 if body and is_docstring(body[0]) else 0
 
 
-def _add_imports(body: list, imports: dict) -> None:
+def _insert_import(body: list, line, package: str | None = None) -> None:
+    position = _import_position(body, package)
+    if position < len(body) and is_import_line(body[position]):
+        # Take over the comments above the line we are inserted before.
+        line = line.with_changes(leading_lines=body[position].leading_lines)
+        body[position] = body[position].with_changes(leading_lines=[])
+    body.insert(position, line)
+
+
+def _add_imports(body: list, imports: dict, used: _UsedNames) -> None:
     by_module: dict[str, list] = {}
     for (module_name, name), local in imports.items():
-        if not _already_imported(body, module_name, name, local):
+        if local not in used.names:
+            continue  # asked for, then not used: the rule took another way
+        if any(_already_imported(statements, module_name, name, local) for statements, _ in _import_bodies(body)):
+            continue
+        if name is None:  # `import torch` (helpers only ask for top-level packages)
+            asname = None if local == module_name else cst.AsName(name=cst.Name(local))
+            alias = cst.ImportAlias(name=cst.parse_expression(module_name), asname=asname)
+            _insert_import(body, cst.SimpleStatementLine([cst.Import(names=[alias])]), package=module_name)
+        else:
             by_module.setdefault(module_name, []).append(_alias(name, local))
     for module_name, aliases in by_module.items():
-        for index, statement in enumerate(body):
+        if _merge_anywhere(body, module_name, aliases):
+            continue
+        line = cst.SimpleStatementLine([cst.ImportFrom(module=cst.parse_expression(module_name), names=aliases)])
+        guard = _fsdp_import_guard(body)
+        if guard is None:
+            _insert_import(body, line)
+        else:
+            statements, put_back = guard
+            _insert_import(statements, line)
+            put_back(statements)
+
+
+def _merge_anywhere(body: list, module_name: str, aliases: list) -> bool:
+    for statements, put_back in _import_bodies(body):
+        for index, statement in enumerate(statements):
             merged = _merge_into(statement, module_name, aliases) if is_import_line(statement) else None
             if merged is not None:
-                body[index] = merged
-                break
-        else:
-            position = _import_position(body)
-            line = cst.SimpleStatementLine([cst.ImportFrom(module=cst.parse_expression(module_name), names=aliases)])
-            if position < len(body) and is_import_line(body[position]):
-                # Take over the comments above the line we are inserted before.
-                line = line.with_changes(leading_lines=body[position].leading_lines)
-                body[position] = body[position].with_changes(leading_lines=[])
-            body.insert(position, line)
+                statements[index] = merged
+                if put_back is not None:
+                    put_back(statements)
+                return True
+    return False
+
+
+def _is_import_header(statement) -> bool:
+    if is_import_line(statement):
+        return True
+    suites = [_suite_of(statement, path) for path in _guarded_suites(statement, type_checking=True)]
+    return any(suite is not None and any(is_import_line(s) for s in suite.body) for suite in suites)
+
+
+def _helper_position(body: list) -> int:
+    """After the last import (or import guard) before the first definition: helpers never split imports."""
+    position = 1 if body and is_docstring(body[0]) else 0
+    for index, statement in enumerate(body):
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            break
+        if _is_import_header(statement):
+            position = index + 1
+    return position
 
 
 def _add_helpers(body: list, helpers: dict) -> None:
-    position = next(
-        (i for i, statement in enumerate(body) if not (is_import_line(statement) or is_docstring(statement))),
-        len(body),
-    )
+    position = _helper_position(body)
     definitions = []
     for statements in helpers.values():
         first, *rest = statements
@@ -212,13 +450,154 @@ def _add_helpers(body: list, helpers: dict) -> None:
     body[position:position] = definitions
 
 
-def finish_module(module: cst.Module, imports: dict, helpers: dict) -> cst.Module:
-    """Add the requested imports and helpers, then drop FSDP1 imports nobody uses any more."""
-    used = _UsedNames()
+def _used_names(module: cst.Module, scoped: bool = True) -> _UsedNames:
+    used = _UsedNames(scoped)
     module.visit(used)
+    return used
+
+
+def finish_module(module: cst.Module, imports: dict, helpers: dict, original: cst.Module) -> cst.Module:
+    """Add the helpers and the requested imports the output uses, then drop the imports nobody uses any more."""
     body = list(module.body)
-    _add_imports(body, imports)
     if helpers:
         _add_helpers(body, helpers)
     module = module.with_changes(body=body)
-    return module.visit(_DropUnusedFSDP1Imports(used))
+    used = _used_names(module)
+    _add_imports(body, imports, used)
+    module = module.with_changes(body=body).visit(_ImportsIntoFunctions(imports))
+    module = module.visit(_DropUnusedImports(used, _used_names(original), _used_names(original, scoped=False)))
+    return module.visit(_DropDeadBlocks())
+
+
+class _ImportsIntoFunctions(cst.CSTTransformer):
+    """The requested imports a function needs for itself: one that imports a name in its own body
+    holds it as a local throughout (a module-level import does not reach it), so the FSDP2 import
+    goes into the function, in the block of its first FSDP import line."""
+
+    def __init__(self, imports: dict) -> None:
+        super().__init__()
+        self.imports = imports
+        self.needed: list[list] = []  # per enclosing function: [(module, name, local)] still to place
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        bound = local_imports(node)
+        inside = _UsedNames(scoped=False)
+        node.body.visit(inside)
+        self.needed.append(
+            [(m, n, local) for (m, n), local in self.imports.items() if local in bound and local in inside.names]
+        )
+
+    def leave_FunctionDef(self, original, updated):
+        self.needed.pop()
+        return updated
+
+    def leave_IndentedBlock(self, original, updated):
+        if not self.needed or not self.needed[-1]:
+            return updated
+        position = next((i for i, s in enumerate(updated.body) if _is_fsdp_import(s)), None)
+        if position is None:
+            return updated
+        body = list(updated.body)
+        by_module: dict[str, list] = {}
+        for module_name, name, local in self.needed[-1]:
+            if not _already_imported(body, module_name, name, local):
+                by_module.setdefault(module_name, []).append(_alias(name, local))
+        for module_name, aliases in by_module.items():
+            line = cst.SimpleStatementLine([cst.ImportFrom(module=cst.parse_expression(module_name), names=aliases)])
+            _insert_import(body, line)
+        self.needed[-1] = []
+        return updated.with_changes(body=body)
+
+
+class _DropDeadBlocks(cst.CSTTransformer):
+    """Statements whose block the rewrite emptied go whole: `for m in models:` over nothing,
+    `if ...:` / `try:` around a dropped import, `with` around nothing; an emptied `else:` goes.
+
+    An emptied block is one with no statement at all (LibCST writes it `pass`): a `pass` of the
+    user's own is a statement, and stays. Where the construct cannot go (a `def`, an `if` with an
+    `else:`), the block gets an explicit `pass`.
+    """
+
+    def leave_If(self, original, updated):
+        if _emptied(updated.orelse):
+            updated = updated.with_changes(orelse=None)
+        elif isinstance(updated.orelse, cst.If) and _emptied(updated.orelse.body) and updated.orelse.orelse is None:
+            updated = updated.with_changes(orelse=None)  # a trailing `elif ...:` with nothing left
+        if _emptied(updated.body):
+            return _removed(updated) if updated.orelse is None else _with_pass(updated)
+        return updated
+
+    def leave_For(self, original, updated):
+        return self._loop(updated)
+
+    def leave_While(self, original, updated):
+        return self._loop(updated)
+
+    def _loop(self, updated):
+        if _emptied(updated.orelse):
+            updated = updated.with_changes(orelse=None)
+        if _emptied(updated.body) and updated.orelse is None:
+            return _removed(updated)
+        return _with_pass(updated) if _emptied(updated.body) else updated
+
+    def leave_With(self, original, updated):
+        return _removed(updated) if _emptied(updated.body) else updated
+
+    def leave_Try(self, original, updated):
+        if _emptied(updated.body) and updated.finalbody is None:
+            return _removed(updated)  # nothing to try: its handlers and `else:` cannot run either
+        return _with_pass(updated) if _emptied(updated.body) else updated
+
+    def leave_IndentedBlock(self, original, updated):
+        return updated.with_changes(body=_carry_removed(updated.body))
+
+    def leave_Module(self, original, updated):
+        return updated.with_changes(body=_carry_removed(updated.body))
+
+    def leave_FunctionDef(self, original, updated):
+        return _with_pass(updated) if _emptied(updated.body) else updated
+
+    def leave_ClassDef(self, original, updated):
+        return _with_pass(updated) if _emptied(updated.body) else updated
+
+
+class _Removed(cst.SimpleStatementLine):
+    """A dead statement on its way out: its comment lines go to the next statement."""
+
+
+class _CommentLines(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.lines: list[cst.EmptyLine] = []
+
+    def visit_EmptyLine(self, node: cst.EmptyLine) -> None:
+        if node.comment is not None:
+            self.lines.append(node.with_changes(indent=True))
+
+
+def _removed(statement):
+    """`statement` marked to go; its comment lines (above it, or left in its emptied blocks) stay."""
+    comments = _CommentLines()
+    statement.visit(comments)
+    return _Removed(body=[cst.Pass()], leading_lines=comments.lines)
+
+
+def _carry_removed(statements) -> list:
+    kept, pending = [], []
+    for statement in statements:
+        if isinstance(statement, _Removed):
+            pending.extend(statement.leading_lines)
+            continue
+        if pending:
+            statement = statement.with_changes(leading_lines=[*statement.leading_lines, *pending])
+            pending = []
+        kept.append(statement)
+    return kept
+
+
+def _emptied(node) -> bool:
+    suite = node.body if isinstance(node, (cst.Else, cst.Finally)) else node
+    return isinstance(suite, cst.IndentedBlock) and not suite.body
+
+
+def _with_pass(statement):
+    return statement.with_changes(body=statement.body.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])]))

@@ -127,6 +127,14 @@ def is_fsdp1(qualified_name: str) -> bool:
     return head not in FSDP2_EXPORTS
 
 
+def is_fsdp2(qualified_name: str) -> bool:
+    """True for FSDP2's names, wherever they are imported from."""
+    if qualified_name.startswith(_FSDP2_MODULES):
+        return True
+    head, _, rest = qualified_name.removeprefix(FSDP_PACKAGE + ".").partition(".")
+    return qualified_name.startswith(FSDP_PACKAGE + ".") and head in FSDP2_EXPORTS
+
+
 _TOKENS = sorted(FSDP1_EXPORTS | WRAP_EXPORTS | set(_OTHER_FSDP1_TOKENS), key=len, reverse=True)
 _TOKEN_RE = re.compile(rb"\b(?:" + b"|".join(re.escape(t.encode()) for t in _TOKENS) + rb")\b")
 # The ways a file can reach torch.distributed.fsdp by absolute name.

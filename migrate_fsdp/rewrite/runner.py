@@ -2,19 +2,18 @@
 
 Reading bytes and testing them costs microseconds a file; parsing and scope
 analysis cost about a millisecond a line. So every file is read and tested
-here, and only the few that can hold FSDP1 code go to the worker processes,
-largest first so that two cores finish together.
+here, and only the few that can hold FSDP1 code are parsed, together, as one
+program (workers.py).
 """
 
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 
-from migrate_fsdp.rewrite.api import RewriteResult, rewrite_source, worth_parsing
-from migrate_fsdp.rewrite.files import discover, is_generated, write_atomically
+from migrate_fsdp.rewrite.api import RewriteResult, worth_parsing
+from migrate_fsdp.rewrite.files import discover, is_generated, read_each, write_changed
 from migrate_fsdp.rewrite.selection import Selection
+from migrate_fsdp.rewrite.workers import rewrite_files
 
 
 @dataclass
@@ -38,46 +37,19 @@ def display_path(path: Path) -> str:
         return path.as_posix()
 
 
-# Worker state: set once per process, not pickled with every file.
-_worker_options: tuple = ()
-
-
-def _init_worker(selection: Selection, todo: bool) -> None:
-    global _worker_options
-    _worker_options = (selection, todo)
-
-
-def _rewrite_one(job: tuple[str, bytes]) -> RewriteResult:
-    shown, data = job
-    selection, todo = _worker_options
-    return rewrite_source(data, shown, selection, todo)
-
-
 def run(paths: list[str], selection: Selection, *, exclude: list[str], jobs: int, todo: bool, write: bool) -> RunResult:
     files = discover(paths, exclude)
-    jobs_to_do = []
-    for path in files:
-        data = path.read_bytes()
+    jobs_to_do, unreadable = [], []
+    for path, data in read_each(files, unreadable, display_path):
         if is_generated(data) or not worth_parsing(data, selection):
             continue
         jobs_to_do.append((display_path(path), data))
     jobs_to_do.sort(key=lambda job: len(job[1]), reverse=True)
 
-    _init_worker(selection, todo)
-    workers = min(jobs, len(jobs_to_do))
-    if workers > 1:
-        with ProcessPoolExecutor(
-            workers, mp_context=get_context("fork"), initializer=_init_worker, initargs=(selection, todo)
-        ) as pool:
-            results = list(pool.map(_rewrite_one, jobs_to_do))
-    else:
-        results = [_rewrite_one(job) for job in jobs_to_do]
-    results.sort(key=lambda r: r.path)
+    results = sorted(rewrite_files(jobs_to_do, selection, todo, jobs) + unreadable, key=lambda r: r.path)
 
     if write:
-        for result in results:
-            if result.changed:
-                write_atomically(Path(result.path), result.new_source)
+        write_changed(results)
     return RunResult(scanned=len(files), results=results)
 
 

@@ -2,10 +2,12 @@
 
 from dataclasses import dataclass
 
+from migrate_fsdp.rewrite.analysis.program import BLOCKED, DUAL_VERSION, KEPT_FSDP1
 from migrate_fsdp.rewrite.rules import RULES
 
 PARSE_ERROR = "MF001"
 INTERNAL_ERROR = "MF002"
+IO_ERROR = "MF006"
 LEFTOVER = "MF900"
 
 # Codes the engine itself emits. Errors cannot be deselected: a file that was
@@ -13,9 +15,14 @@ LEFTOVER = "MF900"
 ENGINE_CODES = {
     PARSE_ERROR: "file does not parse; skipped",
     INTERNAL_ERROR: "internal error while rewriting; file left unchanged",
+    BLOCKED: "use of a model whose FSDP1 constructor stays: left as is, with the constructor",
+    KEPT_FSDP1: "use of a model from out of sight while the program keeps FSDP1 models: left as is",
+    DUAL_VERSION: "code that already serves FSDP1 and FSDP2: left as is",
+    IO_ERROR: "file cannot be read or written; left unchanged",
     LEFTOVER: "FSDP1 reference that no rule converted or reported",
 }
-_ALWAYS_ON = frozenset({PARSE_ERROR, INTERNAL_ERROR})
+# Errors, and what keeps a program from being half migrated, are always said.
+_ALWAYS_ON = frozenset({PARSE_ERROR, INTERNAL_ERROR, IO_ERROR, BLOCKED, KEPT_FSDP1, DUAL_VERSION})
 
 
 def all_codes() -> dict[str, str]:

@@ -13,6 +13,16 @@ def dotted(node) -> str:
     return ""
 
 
+def walk(*roots):
+    """Every node under `roots` (pre-order) with its ancestors, outermost first."""
+    stack = [(root, ()) for root in reversed(roots)]
+    while stack:
+        node, parents = stack.pop()
+        yield node, parents
+        for child in reversed(list(node.children)):
+            stack.append((child, (*parents, node)))
+
+
 def chain_root(node) -> str:
     """The leftmost name of an attribute chain (`a` for `a.b.c`), "" if there is none."""
     while isinstance(node, cst.Attribute):

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import click
 
-DEFAULT_STEPS = 6
 _RENDEZVOUS = ("--nnodes", "--node-rank", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
                "--master-addr", "--master-port")
 
@@ -20,13 +19,17 @@ def _rendezvous_options(function):
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, metavar="[OLD.py] [-- SCRIPT_ARGS...]")
-@click.option("--new", "new_script", type=click.Path(dir_okay=False, path_type=Path),
-              help="The FSDP2 version to compare OLD.py with. Default: our own rewrite of OLD.py.")
+@click.option("--new", "new_script", type=click.Path(path_type=Path), metavar="NEW.py|DIR",
+              help="The FSDP2 version to compare OLD.py with: a script, or the FSDP2 copy of OLD.py's project. "
+                   "Default: our own rewrite of the project.")
+@click.option("--project", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="The project OLD.py belongs to (what the rewrite converts, what --new DIR mirrors). "
+                   "Default: OLD.py's package root.")
 @click.option("--nproc", type=click.IntRange(min=1), default=2, show_default=True,
               help="Ranks per run (torchrun --nproc-per-node).")
 @click.option("--steps", type=click.IntRange(min=1),
-              help="Stop both runs after this many optimizer steps and compare them. Default: 6 for OLD.py; "
-                   "the fixture suite lets each fixture train to its end.")
+              help="Stop both runs after at most this many optimizer steps. Default: both train to their end "
+                   "and every step is compared.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto: GPUs when there are --nproc of them, else CPU with gloo.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
@@ -41,13 +44,14 @@ def _rendezvous_options(function):
 @click.option("--logs", type=click.Path(file_okay=False, path_type=Path),
               help="Keep every rank's stdout, stderr and metrics in this directory.")
 @_rendezvous_options
-def verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtures, hand_written, logs, **rdzv):
+def verify(argv, new_script, project, nproc, steps, device, timeout, report, plot, fixtures, hand_written, logs,
+           **rdzv):
     """Train the FSDP1 and the FSDP2 version side by side under torchrun and check that they agree.
 
     \b
     migrate-fsdp verify                      the bundled fixture suite
-    migrate-fsdp verify OLD.py [-- ARGS]     OLD.py against our rewrite of it
-    migrate-fsdp verify OLD.py --new NEW.py [-- ARGS]
+    migrate-fsdp verify OLD.py [-- ARGS]     OLD.py against our rewrite of its project
+    migrate-fsdp verify OLD.py --new NEW.py|DIR [-- ARGS]
 
     Compares, step by step, the loss, the global gradient and parameter norms
     (bit for bit where the setting allows) and the set of sharded modules, and
@@ -59,8 +63,8 @@ def verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtur
     # SIGTERM (a CI job's timeout, kill) then unwinds like Ctrl-C, through the launcher's cleanup of the runs.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        code = _verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtures, hand_written, logs,
-                       rdzv)
+        code = _verify(argv, new_script, project, nproc, steps, device, timeout, report, plot, fixtures, hand_written,
+                       logs, rdzv)
     except VerifyError as exc:
         click.echo(f"migrate-fsdp verify: error: {exc}", err=True)
         code = 2
@@ -72,22 +76,27 @@ def verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtur
     sys.exit(code)
 
 
-def _verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtures, hand_written, logs, rdzv):
+def _verify(argv, new_script, project, nproc, steps, device, timeout, report, plot, fixtures, hand_written, logs,
+            rdzv):
     import tempfile
 
     from migrate_fsdp.verify.errors import VerifyError
     from migrate_fsdp.verify.launcher import Launch
     from migrate_fsdp.verify.placement import plan, visible_gpus
+    from migrate_fsdp.verify.progress import LiveLine
+    from migrate_fsdp.verify.project import project_root
 
     # Click keeps no trace of `--`: a first argument that looks like a flag was meant for the script.
     old_script, script_args = (Path(argv[0]), list(argv[1:])) if argv and not argv[0].startswith("-") else (None, argv)
-    if old_script is None and (new_script or script_args):
-        raise VerifyError("--new and script arguments need OLD.py")
+    if old_script is None and (new_script or project or script_args):
+        raise VerifyError("--new, --project and script arguments need OLD.py")
     if old_script is not None and (fixtures or hand_written):
         raise VerifyError("--fixture and --hand-written apply to the fixture suite (no OLD.py)")
-    for path in (old_script, new_script):
-        if path is not None and not path.is_file():
-            raise VerifyError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
+    if old_script is not None and not old_script.is_file():
+        raise VerifyError(f"{old_script}: {'not a file' if old_script.exists() else 'no such file'}")
+    root = project_root(old_script, project) if old_script is not None else None
+    if new_script is not None:
+        new_script = _new_version(old_script, root, new_script)
     for path in (report, plot, logs):
         if path is not None and not path.resolve().parent.is_dir():
             raise VerifyError(f"{path}: its directory does not exist")
@@ -101,14 +110,14 @@ def _verify(argv, new_script, nproc, steps, device, timeout, report, plot, fixtu
                     rendezvous=[[flag, rdzv[flag[2:].replace("-", "_")]] for flag in _RENDEZVOUS
                                 if rdzv[flag[2:].replace("-", "_")] is not None])
     placement = plan(device, nproc, visible_gpus() if device != "cpu" else [], launch.standalone)
+    launch.progress = LiveLine.for_terminal(steps)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="migrate-fsdp-verify-") as scratch:
         workdir = Path(logs) if logs else Path(scratch)
         if old_script is None:
             outcomes = _suite(launch, placement, workdir, fixtures, hand_written)
         else:
-            launch.steps = launch.steps or DEFAULT_STEPS
-            outcomes = [_single(old_script, new_script, script_args, launch, placement, workdir)]
+            outcomes = [_single(old_script, root, new_script, script_args, launch, placement, workdir)]
     return _finish(outcomes, report, plot, time.monotonic() - started, suite=old_script is None)
 
 
@@ -125,7 +134,23 @@ def _check_writable(report, plot, logs):
             raise VerifyError(f"{path}: cannot write there ({exc.strerror})") from exc
 
 
-def _single(old_script, new_script, script_args, launch, placement, workdir):
+def _new_version(old_script, root, new):
+    """The FSDP2 script: NEW.py itself, or OLD.py's place in the FSDP2 project DIR."""
+    from migrate_fsdp.verify.errors import VerifyError
+    from migrate_fsdp.verify.project import in_project
+
+    if not new.exists():
+        raise VerifyError(f"{new}: no such file or directory")
+    if not new.is_dir():
+        return new
+    script = in_project(old_script, root, new)
+    if not script.is_file():
+        raise VerifyError(f"--new {new}: no {script.relative_to(new)} in it (OLD.py's place in its project {root}); "
+                          "pass the FSDP2 copy of that directory, or --project")
+    return script
+
+
+def _single(old_script, root, new_script, script_args, launch, placement, workdir):
     from migrate_fsdp.verify.launcher import Side
     from migrate_fsdp.verify.pair import run_pair
     from migrate_fsdp.verify.rewrite_side import rewritten_side
@@ -135,8 +160,7 @@ def _single(old_script, new_script, script_args, launch, placement, workdir):
     if new_script is not None:
         new = Side("new", new_script.resolve(), script_args, shown=str(new_script))
     else:
-        new = rewritten_side(old.script, script_args, workdir)
-        new.shown = f"rewrite of {old_script}"
+        new = rewritten_side(old.script, root, script_args, workdir)
     click.echo(f"verify: {old.shown} (old) vs {new.shown} (new) ...")
     outcome = run_pair(str(old_script), old, new, launch, placement, workdir)
     click.echo(render_pair(outcome))
@@ -163,7 +187,6 @@ def _suite(launch, placement, workdir, names, hand_written):
 
 
 def _finish(outcomes, report, plot, wall_s, suite):
-    from migrate_fsdp.verify.errors import VerifyError
     from migrate_fsdp.verify.pair import overall_exit
     from migrate_fsdp.verify.table import render_suite
 
@@ -177,15 +200,22 @@ def _finish(outcomes, report, plot, wall_s, suite):
                    f"{names}", err=True)
     elif not_run:
         click.echo(f"migrate-fsdp verify: error: {not_run[0].failures[0].message}", err=True)
-    try:
-        if report is not None:
-            from migrate_fsdp.verify.report import write_report
+    if report is not None:
+        from migrate_fsdp.verify.report import write_report
 
-            write_report(report, outcomes, code, wall_s)
-        if plot is not None and any(o.verdict is not None for o in outcomes):
-            from migrate_fsdp.verify.plot import write_plot
+        _writing(report, lambda: write_report(report, outcomes, code, wall_s))
+    if plot is not None and any(o.verdict is not None for o in outcomes):
+        from migrate_fsdp.verify.plot import write_plot
 
-            write_plot(plot, outcomes)
-    except OSError as exc:
-        raise VerifyError(f"cannot write {exc.filename}: {exc.strerror}") from exc
+        _writing(plot, lambda: write_plot(plot, outcomes))
     return code
+
+
+def _writing(path, write) -> None:
+    """Write an output file; a failure names the user's path, not the temporary file beside it."""
+    from migrate_fsdp.verify.errors import VerifyError
+
+    try:
+        write()
+    except OSError as exc:
+        raise VerifyError(f"cannot write {path}: {exc.strerror}; the comparison ran, see above") from exc

@@ -26,6 +26,7 @@ class Verdict:
     memory: list  # per rank
     speed: dict
     warnings: list = field(default_factory=list)
+    notes: list = field(default_factory=list)  # facts about what was compared, not doubts about it
 
     @property
     def passed(self) -> bool:
@@ -190,7 +191,11 @@ def compare(old_run, new_run, asked: int | None) -> Verdict:
         ops = sorted({op for rank in run.ranks for op in (rank.end or {}).get("nondeterministic_ops", [])})
         if ops:
             warnings.append(f"{name} run used CUDA ops without a deterministic implementation: {', '.join(ops)}")
-    return Verdict(setting, checks, rows, memory, _speed(old_run, new_run, steps), warnings)
+    notes = []
+    if asked and len(old_seq) == len(new_seq) < asked:
+        notes.append(f"both versions ended after {len(old_seq)} optimizer steps, before the --steps {asked} cap; "
+                     "those steps are compared")
+    return Verdict(setting, checks, rows, memory, _speed(old_run, new_run, steps), warnings, notes)
 
 
 def _memory(old_run, new_run, steps: int) -> list:

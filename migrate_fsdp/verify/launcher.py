@@ -26,7 +26,6 @@ class Side:
     script: Path
     args: list = field(default_factory=list)
     shown: str = ""  # how reports name it
-    sys_path: Path | None = None  # sys.path[0] when the script runs from a copy (a rewrite)
     watched: bool = True  # False: torchrun runs the script itself, without the probe (a set-up step)
 
     def __post_init__(self):
@@ -39,6 +38,7 @@ class Launch:
     steps: int | None  # None: let the script train to its own end
     timeout: float
     rendezvous: list = field(default_factory=list)  # torchrun's own flags, passed through as [flag, value]
+    progress: object = None  # a progress.LiveLine on a terminal
 
     @property
     def standalone(self) -> bool:
@@ -131,9 +131,6 @@ def _environment(side: Side, launch: Launch, placement_env: dict, directory: Pat
     env.update(placement_env)
     env[metrics.ENV_DIR] = str(directory)
     env[metrics.ENV_STEPS] = str(launch.steps or "")
-    env.pop(metrics.ENV_SYS_PATH, None)
-    if side.sys_path is not None:
-        env[metrics.ENV_SYS_PATH] = str(side.sys_path)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its warning
     if device == "cuda":
@@ -156,23 +153,28 @@ def run_sides(sides: list, launch: Launch, placement, workdir: Path) -> list:
         try:
             for side in batch:
                 running.append(start(side))
-            _wait(running, launch.timeout)
+            _wait(running, launch.timeout, launch.progress)
         except BaseException:
             # verify itself is interrupted (Ctrl-C, SIGTERM): the ranks live in sessions of their own, which
             # the signal does not reach, so they would train on (or hang) without it.
             for r in running:
                 r.end()
             raise
+        finally:
+            if launch.progress is not None:
+                launch.progress.clear()
         runs += [r.finish(launch) for r in running]
     return runs
 
 
-def _wait(running: list, timeout: float) -> None:
+def _wait(running: list, timeout: float, progress=None) -> None:
     """Until every run has ended; those still going at the deadline are killed."""
     deadline = time.monotonic() + timeout
     pending = list(running)
     while pending:
         pending = [r for r in pending if not r.poll()]
+        if progress is not None:
+            progress.update(running)
         if pending and time.monotonic() >= deadline:
             for r in pending:
                 r.kill()

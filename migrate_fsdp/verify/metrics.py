@@ -11,7 +11,6 @@ from pathlib import Path
 # How the launcher tells the probe in each rank what to do.
 ENV_DIR = "MIGRATE_FSDP_VERIFY_DIR"  # where the rank files go
 ENV_STEPS = "MIGRATE_FSDP_VERIFY_STEPS"  # stop after this many optimizer steps; empty: run to the end
-ENV_SYS_PATH = "MIGRATE_FSDP_VERIFY_SYS_PATH"  # sys.path[0] for the script (a rewrite runs from a temp dir)
 
 
 def metrics_path(directory, rank: int) -> Path:
@@ -47,6 +46,7 @@ class RankMetrics:
     started: bool = False
     setups: list = field(default_factory=list)  # one per optimizer, in the order they first stepped
     steps: list = field(default_factory=list)
+    saves: list = field(default_factory=list)  # checkpoints written, in order: {"kind", "path"}
     end: dict | None = None
 
     @property
@@ -72,6 +72,8 @@ def read_rank(path: Path, rank: int) -> RankMetrics:
             metrics.setups.append(record)
         elif event == "step":
             metrics.steps.append(record)
+        elif event == "save":
+            metrics.saves.append(record)
         elif event == "end":
             metrics.end = record
     return metrics

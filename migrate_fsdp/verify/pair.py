@@ -2,9 +2,11 @@
 
 from dataclasses import dataclass, field
 
+from migrate_fsdp.verify.checkpoints import check_checkpoints
 from migrate_fsdp.verify.compare import Verdict, compare
 from migrate_fsdp.verify.faults import RunFailure, run_failures
 from migrate_fsdp.verify.launcher import run_sides
+from migrate_fsdp.verify.saves import saved_paths, set_aside
 
 EXIT_PASS, EXIT_PARITY, EXIT_NOT_RUN = 0, 1, 2
 
@@ -35,12 +37,32 @@ def not_run(name: str, launch, placement, side: str, message: str) -> Outcome:
 
 
 def run_pair(name: str, old, new, launch, placement, workdir) -> Outcome:
-    runs = run_sides([old, new], launch, placement, workdir)
+    if placement.concurrent:
+        runs, old_places = run_sides([old, new], launch, placement, workdir), None
+    else:
+        # The old version's checkpoints go aside before the new one runs: both usually save to the same paths.
+        [old_run] = run_sides([old], launch, placement, workdir)
+        old_places = set_aside(old_run)
+        runs = [old_run, *run_sides([new], launch, placement, workdir)]
     outcome = Outcome(name, launch, placement, runs)
     outcome.failures = [f for run in runs for f in run_failures(run, launch.steps, launch.timeout)]
     if not outcome.failures:
         outcome.verdict = compare(runs[0], runs[1], launch.steps)
+        _add_checkpoints(outcome.verdict, runs, old_places)
     return outcome
+
+
+def _add_checkpoints(verdict: Verdict, runs: list, old_places: dict | None) -> None:
+    old_run, new_run = runs
+    if old_places is None:
+        if saved_paths(old_run) or saved_paths(new_run):
+            verdict.notes.append("checkpoints not compared: the versions ran at the same time, so files saved to "
+                                 "the same path would clash")
+        return
+    steps = min(len(rank.steps) for rank in old_run.ranks)
+    check = check_checkpoints(old_run, new_run, old_places, verdict.setting, steps)
+    if check is not None:
+        verdict.checks.append(check)
 
 
 def overall_exit(outcomes: list) -> int:

@@ -13,7 +13,7 @@ import time
 import traceback
 from pathlib import Path
 
-from migrate_fsdp.verify import metrics
+from migrate_fsdp.verify import metrics, saves
 
 
 def _redirect_output(directory: Path, rank: int) -> None:
@@ -48,9 +48,10 @@ def main(argv: list[str]) -> int:
         tracker.__enter__()
     recorder = Recorder(writer, int(os.environ.get(metrics.ENV_STEPS) or 0) or None, tracker)
     recorder.install()
+    saves.install(writer)
 
     sys.argv = [script, *argv[1:]]
-    sys.path[0] = os.environ.get(metrics.ENV_SYS_PATH) or os.path.dirname(script)
+    sys.path[0] = os.path.dirname(script)
     end = {"status": "finished"}
     code = 0
     try:

@@ -59,6 +59,7 @@ def outcome_dict(outcome) -> dict:
             memory=verdict.memory,
             speed=verdict.speed,
             warnings=verdict.warnings,
+            notes=verdict.notes,
         )
     return out
 

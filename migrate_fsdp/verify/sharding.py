@@ -92,9 +92,22 @@ def dtype_name(dtype) -> str | None:
     return str(dtype).removeprefix("torch.") if dtype is not None else None
 
 
+def _owns_no_parameters(origin: str) -> dict:
+    """A unit without parameters of its own (a root whose every parameter sits in a wrapped child).
+
+    It shards and communicates nothing, so none of its settings has an effect:
+    FSDP1 still reports its process group's size, FSDP2 has no parameter group
+    to read them from. Both versions describe it the same way.
+    """
+    return {"shard_size": None, "replicate_size": None, "reshard_after_forward": None, "param_dtype": None,
+            "reduce_dtype": None, "offload_params": None, "origin": origin}
+
+
 def _fsdp1_settings(unit: FSDP1) -> dict:
     strategy = unit.sharding_strategy
     handle = unit._handle
+    if handle is None:
+        return _owns_no_parameters(f"FSDP1 {strategy.name}")
     if strategy == ShardingStrategy.NO_SHARD:
         shard, replicate = 1, unit.process_group.size()
     else:
@@ -105,9 +118,9 @@ def _fsdp1_settings(unit: FSDP1) -> dict:
     return {
         "shard_size": shard,
         "replicate_size": replicate,
-        "reshard_after_forward": reshard if handle is not None else None,
-        "param_dtype": dtype_name(handle._fwd_bwd_param_dtype) if handle else None,
-        "reduce_dtype": dtype_name(handle._reduce_dtype) if handle else None,
+        "reshard_after_forward": reshard,
+        "param_dtype": dtype_name(handle._fwd_bwd_param_dtype),
+        "reduce_dtype": dtype_name(handle._reduce_dtype),
         "offload_params": bool(unit.cpu_offload.offload_params),
         "origin": f"FSDP1 {strategy.name}",
     }
@@ -140,8 +153,7 @@ def _param_groups(module) -> list:
 def _fsdp2_settings(module) -> dict:
     groups = _param_groups(module)
     if not groups:
-        return {"shard_size": None, "replicate_size": None, "reshard_after_forward": None,
-                "param_dtype": None, "reduce_dtype": None, "offload_params": False, "origin": "FSDP2"}
+        return _owns_no_parameters("FSDP2")
     group = groups[0]
     info = group.mesh_info
     shard = getattr(info, "shard_mesh_size", 1)

@@ -77,7 +77,7 @@ def run_fixture(fixture: Fixture, launch, placement, workdir: Path, hand_written
         new = Side("new", fixture.directory / "fsdp2.py", args, shown=fixture.shown("fsdp2.py"))
     else:
         try:
-            new = rewritten_side(old.script, args, workdir)
+            new = rewritten_side(old.script, fixture.directory, args, workdir)
         except VerifyError as exc:
             return not_run(fixture.name, launch, placement, "new", str(exc))
         new.shown = f"rewrite of {old.shown}"

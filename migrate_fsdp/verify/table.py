@@ -75,6 +75,7 @@ def render_pair(outcome) -> str:
     speed = verdict.speed
     lines.append(f"  speed (median step): old {fmt_time(speed['old_median_s'])}, new {fmt_time(speed['new_median_s'])} "
                  f"({speed['ratio']:.2f}x)")
+    lines += [f"  note: {n}" for n in verdict.notes]
     lines += [f"  warning: {w}" for w in verdict.warnings]
     lines.append(f"  verdict: {_VERDICT[outcome.status]}")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """DST appears complete or not at all: existing DST, --force, interruption mid-write, a failing disk, a failed
 --verify."""
 
+import errno
 import os
 import pathlib
 import resource
@@ -132,3 +133,67 @@ def test_an_interrupt_between_the_final_renames_is_held(tmp_path, monkeypatch):
         monkeypatch.setattr(os, "rename", interrupted_rename)
     assert sorted(os.listdir(dst)) == ["new"]
     assert leftovers(tmp_path) == []
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_stale_temporaries_of_killed_runs_are_removed(saved, tmp_path):
+    src = saved({"model": {"w": torch.ones(4)}})
+    dead, alive = _dead_pid(), os.getpid()
+    stale_dir, stale_file = tmp_path / f".dcp.tmp-{dead}-0a1b2c3d", tmp_path / f".dcp.tmp-{dead}-deadbeef"
+    stale_dir.mkdir()
+    (stale_dir / "__0_0.distcp").write_bytes(b"x" * 1000)
+    stale_file.write_bytes(b"partial")
+    running = tmp_path / f".dcp.tmp-{alive}-00000000"  # a run still going: not ours to remove
+    running.mkdir()
+    other = tmp_path / f".other.tmp-{dead}-0a1b2c3d"  # beside another DST
+    other.mkdir()
+    aside = tmp_path / f".dcp.old-{dead}-0a1b2c3d"  # without DST, an .old- is the only copy of the old DST
+    aside.mkdir()
+    result = cli(src, tmp_path / "dcp")
+    assert result.exit_code == 0, result.stderr
+    assert not stale_dir.exists() and not stale_file.exists()
+    assert running.exists() and other.exists() and aside.exists()
+    assert f"removed {stale_dir}, left by a killed run" in result.stderr
+    assert f"removed {stale_file}, left by a killed run" in result.stderr
+
+
+def test_a_write_error_names_dst_not_the_temporary(saved, tmp_path, monkeypatch):
+    src = saved({"model": {"w": torch.ones(4)}})
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+
+    def denied(real):  # a read-only directory, also for root
+        def call(path, *args, **kwargs):
+            if str(path).startswith(str(readonly)):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return real(path, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(os, "mkdir", denied(os.mkdir))
+    monkeypatch.setattr(os, "open", denied(os.open))
+    for args in ([], ["--to", "torch"]):
+        dst = readonly / "out"
+        result = cli(src, dst, *args)
+        assert result.exit_code == 2
+        assert result.stderr.strip() == f"migrate-fsdp convert-ckpt: error: cannot write {dst}: Permission denied"
+    assert os.listdir(readonly) == []
+
+
+def test_a_full_disk_names_dst(saved, tmp_path):
+    src = saved({"model": {"w": torch.zeros(1 << 20)}})
+    dst = tmp_path / "dcp"
+    done = subprocess.run(
+        [sys.executable, "-m", "migrate_fsdp", "convert-ckpt", str(src), str(dst)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_small_file_limit,
+    )
+    assert done.returncode == 2
+    assert f"cannot write {dst}" in done.stderr and ".tmp-" not in done.stderr

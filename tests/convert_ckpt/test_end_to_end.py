@@ -5,10 +5,13 @@ Runs the resume fixture (fixtures/train/resume) the way its fixture.json describ
 
 import json
 
+import pytest
 import torch
 
 from tests.convert_ckpt.helpers import cli, same
 from tests.support import FIXTURES, step_lines, torchrun
+
+pytestmark = pytest.mark.slow  # launches torchrun (2 gloo ranks)
 
 RESUME = FIXTURES / "train" / "resume"
 

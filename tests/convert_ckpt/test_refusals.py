@@ -35,6 +35,7 @@ def variants(tmp_path_factory):
         ("dtensor_rank0", "DTensor"),
     ],
 )
+@pytest.mark.slow
 def test_fsdp_checkpoints_that_are_not_full(variants, tmp_path, name, expected):
     done = cli_process(variants / f"{name}.pt", tmp_path / "dcp")
     assert done.returncode == 2
@@ -43,6 +44,7 @@ def test_fsdp_checkpoints_that_are_not_full(variants, tmp_path, name, expected):
     assert not (tmp_path / "dcp").exists()
 
 
+@pytest.mark.slow
 def test_the_full_checkpoint_of_the_same_run_converts(variants, tmp_path):
     result = cli(variants / "full_rank0.pt", tmp_path / "dcp", "--verify")
     assert result.exit_code == 0, result.output
@@ -55,11 +57,15 @@ def test_the_full_checkpoint_of_the_same_run_converts(variants, tmp_path):
         (torch.ones(2), "holds a tensor"),
         ({"epoch": 3}, "holds no tensors"),
         ({"model": {}, "optimizer": {}}, "holds no tensors"),
+        ({"model": {}, "optimizer": {}, "epoch": 1, "rng": torch.get_rng_state()}, "holds no tensors under 'model'"),
+        ({"state_dict": {}, "rng": torch.get_rng_state()}, "rank0_only=True"),
+        ({"model": {"w": torch.ones(2)}, "optimizer": {}, "rng": torch.get_rng_state()}, "under 'optimizer'"),
     ],
 )
 def test_non_dict_and_empty_pickles(saved, tmp_path, obj, expected):
     result = cli(saved(obj), tmp_path / "dcp")
     assert result.exit_code == 2 and expected in result.stderr
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "dcp").exists()
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.99])

@@ -25,6 +25,7 @@ def test_chunks_are_fsdp2s(rows, shards):
     assert ours == [(offset, offset + size) for size, offset in dtensor if size]
 
 
+@pytest.mark.slow
 def test_each_rank_reads_its_half_and_loads_bit_exact(tmp_path):
     source_path = tmp_path / "full.pt"
     subprocess.run([sys.executable, str(SCRIPT), "make", str(source_path)], check=True, timeout=120)

@@ -74,7 +74,7 @@ def test_write_marks_leftovers_once_and_exits_1(tree):
     assert done.returncode == 1
     text = (tree / "pkg" / "train.py").read_text()
     assert text.count("# TODO(migrate-fsdp): MF900") == 1
-    assert "    # keep this comment\n    # TODO(migrate-fsdp): MF900 `ShardingStrategy.FULL_SHARD`" in text
+    assert "    # keep this comment\n    # TODO(migrate-fsdp): MF900 FSDP1 API with no automatic rewrite\n" in text
     again = migrate(*LEFTOVER_ONLY, "pkg", cwd=tree)
     assert again.returncode == 1
     assert (tree / "pkg" / "train.py").read_text() == text

@@ -48,7 +48,10 @@ POLICIES = {
     "always": "always_wrap_policy",
     "user_callable": "user_policy",
     "run_time_object": "policy_from_caller",
+    "run_time_module_wrap": "policy_from_caller",
 }
+# What `policy_from_caller` is at run time, for the policies known only then.
+RUN_TIME = {"run_time_object": "size_mid", "run_time_module_wrap": "module_wrap"}
 OPTIONS = {
     "plain": "",
     "ignored": ", ignored_modules=[model.frozen]",
@@ -197,9 +200,9 @@ def _policy_object(source: str):
 @pytest.mark.parametrize("policy", list(POLICIES))
 def test_same_modules_as_fsdp1(policy, options):
     source = POLICIES[policy]
-    runtime_policy = _policy_object(POLICIES["size_mid"] if policy == "run_time_object" else "None")
+    runtime_policy = _policy_object(POLICIES[RUN_TIME[policy]] if policy in RUN_TIME else "None")
     namespace = _rewritten_wrap(source, options)
-    reference = _policy_object(POLICIES["size_mid"] if policy == "run_time_object" else source)
+    reference = _policy_object(POLICIES[RUN_TIME[policy]] if policy in RUN_TIME else source)
     for model_name, make_model in MODELS.items():
         expected = _fsdp1_wrapped(make_model, reference, options)
         got, order = _fsdp2_sharded(namespace, make_model, runtime_policy)

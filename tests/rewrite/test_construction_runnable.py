@@ -23,6 +23,8 @@ from migrate_fsdp.rewrite.api import rewrite_source
 from migrate_fsdp.rewrite.selection import LEFTOVER, Selection
 from tests.support import FIXTURES, step_lines, torchrun
 
+pytestmark = pytest.mark.slow  # launches torchrun (2 gloo ranks)
+
 SCRIPTS = sorted([*(FIXTURES / "train").glob("*/fsdp1.py"), *(FIXTURES / "construction").glob("*/fsdp1.py")])
 
 # bf16 mixed precision with gradient accumulation: FSDP1 accumulates the

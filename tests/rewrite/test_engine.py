@@ -30,7 +30,7 @@ class WrapToFullyShard(Rule):
         self.ctx.mark_converted(original.func)
         local = self.ctx.require_import("torch.distributed.fsdp", "fully_shard")
         if self.ctx.can_insert_statements():
-            helper = self.ctx.add_helper("_announce", "def _announce(m):\n    print(m)\n")
+            helper = self.ctx.add_helper("_fsdp1_forward_prefetch")
             self.ctx.insert_before([cst.parse_statement(f"{helper}('before')")])
             self.ctx.insert_after([cst.parse_statement(f"{helper}('after')")])
         return updated.with_changes(func=cst.Name(local))
@@ -83,25 +83,20 @@ def test_insertions_helpers_and_imports(rules):
         ''',
         rules(WrapToFullyShard),
     )
-    assert result.code == textwrap.dedent(
-        '''\
-        """Docstring."""
-        import torch
-        from torch.distributed.fsdp import fully_shard
-
-
-        def _announce(m):
-            print(m)
-
-
+    head, helper = result.code.split("\n\n\n", 1)
+    helper, body = helper.rsplit("\n\n\n", 1)
+    assert head == '"""Docstring."""\nimport torch\nfrom torch.distributed.fsdp import fully_shard, FSDPModule'
+    assert helper.startswith("def _fsdp1_forward_prefetch(root):\n") and "\n\n\n" not in helper  # once
+    assert body == textwrap.dedent(
+        """\
         # build it
-        _announce('before')
+        _fsdp1_forward_prefetch('before')
         model = fully_shard(torch.nn.Linear(2, 2))
-        _announce('after')
-        _announce('before')
+        _fsdp1_forward_prefetch('after')
+        _fsdp1_forward_prefetch('before')
         other = fully_shard(torch.nn.Linear(2, 2))
-        _announce('after')
-        '''
+        _fsdp1_forward_prefetch('after')
+        """
     )
     assert result.diagnostics == []
 
@@ -186,10 +181,10 @@ def test_todo_goes_above_the_innermost_statement_once(rules):
                     loss.backward()
         """
     first = run(source, rules(ReportNoSync))
-    assert "        # TODO(migrate-fsdp): MF992 receiver type unknown\n        with model.no_sync():  # accumulate" in first.code
+    assert "        # TODO(migrate-fsdp): MF992\n        with model.no_sync():  # accumulate" in first.code
     second = rewrite_source(first.new_source, "m.py", rules(ReportNoSync))
     assert second.code == first.code
-    assert [str(d) for d in second.diagnostics] == ["m.py:5:14: MF992 receiver type unknown"]  # the unused FSDP1 import went
+    assert [str(d) for d in second.diagnostics] == ["m.py:4:14: MF992 receiver type unknown"]  # the unused FSDP1 import went, and its blank line
 
 
 def test_rule_tokens_make_files_without_fsdp_worth_parsing(rules):

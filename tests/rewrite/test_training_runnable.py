@@ -19,6 +19,8 @@ import torch
 from migrate_fsdp.rewrite.api import rewrite_source
 from tests.support import FIXTURES, step_lines, torchrun
 
+pytestmark = pytest.mark.slow  # launches torchrun (2 gloo ranks)
+
 SCRIPT = FIXTURES / "train" / "loop_and_checkpoint" / "fsdp1.py"
 CHECKPOINTS = ("rank0.0.pt", "rank0.1.pt", "all.0.pt", "all.1.pt")
 # FSDP1 sums the squared gradients over its flat-parameter shards, DTensor per parameter shard: the

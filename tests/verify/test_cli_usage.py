@@ -10,13 +10,16 @@ OLD = TRAIN / "full_shard" / "fsdp1.py"
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--new", OLD], "--new and script arguments need OLD.py"),
-        (["--", "--lr", "1"], "--new and script arguments need OLD.py"),
+        (["--new", OLD], "--new, --project and script arguments need OLD.py"),
+        (["--", "--lr", "1"], "--new, --project and script arguments need OLD.py"),
         ([OLD, "--fixture", "full_shard"], "--fixture and --hand-written apply to the fixture suite"),
         (["missing.py"], "missing.py: no such file"),
         ([OLD, "--new", "missing.py"], "missing.py: no such file"),
         ([OLD, "--new", OLD, "--report", "no/such/dir/r.json"], "no/such/dir/r.json: its directory does not exist"),
         (["--fixture", "nope"], "no fixture named nope; known: "),
+        (["--project", TRAIN], "--new, --project and script arguments need OLD.py"),
+        ([OLD, "--new", TRAIN], f"--new {TRAIN}: no fsdp1.py in it (OLD.py's place in its project"),
+        ([OLD, "--project", TRAIN / "no_shard"], "fsdp1.py is not inside it"),
         ([OLD.parent], "full_shard: not a file"),
         # Unwritable places are refused before the runs, not after minutes of training.
         ([OLD, "--new", OLD, "--report", "/proc/r.json"], "/proc/r.json: cannot write there"),

@@ -27,6 +27,20 @@ def test_runs_to_their_end_must_take_the_same_steps_with_the_same_optimizers():
     assert "step 1: old stepped optimizer 0, new stepped optimizer 1" in checks(compare(run("old", LOSSES), swapped, None))["steps"].summary
 
 
+def test_a_cap_beyond_the_scripts_length_compares_the_steps_it_has_with_a_note():
+    verdict = compare(run("old", LOSSES), run("new", LOSSES), 7)
+    assert verdict.passed and checks(verdict)["steps"].summary == "3 optimizer steps"
+    assert verdict.notes == ["both versions ended after 3 optimizer steps, before the --steps 7 cap; "
+                             "those steps are compared"]
+    assert compare(run("old", LOSSES), run("new", LOSSES), 3).notes == []
+
+
+def test_under_a_cap_a_different_number_of_steps_still_fails():
+    verdict = compare(run("old", LOSSES), run("new", LOSSES[:2]), 7)
+    assert not verdict.passed and checks(verdict)["steps"].summary == "old ran 3 optimizer steps, new ran 2"
+    assert verdict.notes == []
+
+
 def test_one_ulp_of_loss_fails_a_bit_exact_setting():
     verdict = compare(run("old", LOSSES), run("new", [4.5, 4.25, 4.000000476837158]), 3)
     assert not verdict.passed

@@ -3,9 +3,13 @@
 import json
 import shutil
 
+import pytest
+
 from migrate_fsdp.verify import suite
 from migrate_fsdp.verify.placement import plan
 from tests.verify.helpers import SCRIPTS, TRAIN, launch, verify
+
+pytestmark = pytest.mark.slow  # launches torchrun (2 gloo ranks)
 
 
 def test_a_different_precision_fails_parity_from_the_first_step(tmp_path):

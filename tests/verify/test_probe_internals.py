@@ -59,6 +59,9 @@ def test_fsdp1_and_fsdp2_give_the_same_units_norms_and_digests(world_of_one):
     units1, units2 = sharding.find_units(params1), sharding.find_units(params2)  # each optimizer's own model
     assert set(units1.modules) == set(units2.modules) == {"", "blocks.0", "blocks.1", "head"}
     assert units1.settings["blocks.0"]["origin"] == "FSDP1 NO_SHARD" and units2.settings["head"]["origin"] == "FSDP2"
+    # The root owns no parameters (all sit in the wrapped Linears): both versions describe it alike.
+    root1, root2 = ({k: v for k, v in u.settings[""].items() if k != "origin"} for u in (units1, units2))
+    assert root1 == root2 == dict.fromkeys(root1)
     for use_grads in (False, True):
         a = sharding.global_stats(params1, units1.primary, use_grads)
         b = sharding.global_stats(params2, units2.primary, use_grads)

@@ -1,8 +1,14 @@
 """The terminal table, the JSON report and the PNG plot, from synthetic outcomes."""
 
 import json
+import os
+import stat
 
+import pytest
+
+from migrate_fsdp.verify.command import _writing
 from migrate_fsdp.verify.compare import compare
+from migrate_fsdp.verify.errors import VerifyError
 from migrate_fsdp.verify.faults import RunFailure
 from migrate_fsdp.verify.pair import Outcome, overall_exit
 from migrate_fsdp.verify.plot import write_plot
@@ -84,3 +90,22 @@ def test_plot_writes_a_png(tmp_path):
 
 def test_byte_sizes_read_naturally():
     assert [fmt_bytes(n) for n in (None, 512, 2048, 3 * 2**20)] == ["-", "512 B", "2.0 KiB", "3.0 MiB"]
+
+
+def test_report_and_plot_get_the_users_umask_not_a_private_mode(tmp_path):
+    previous = os.umask(0o027)
+    try:
+        write_report(tmp_path / "report.json", [passing()], 0, 1.0)
+        write_plot(tmp_path / "plot.png", [passing()])
+    finally:
+        os.umask(previous)
+    assert [stat.S_IMODE((tmp_path / name).stat().st_mode) for name in ("report.json", "plot.png")] == [0o640, 0o640]
+
+
+def test_a_failed_write_names_the_users_path_not_the_temporary_file(tmp_path):
+    def fails():
+        raise PermissionError(13, "Permission denied", str(tmp_path / ".report.json.abc123"))
+
+    with pytest.raises(VerifyError) as error:
+        _writing(tmp_path / "report.json", fails)
+    assert str(error.value).startswith(f"cannot write {tmp_path / 'report.json'}: Permission denied")

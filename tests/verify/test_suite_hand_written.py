@@ -11,6 +11,8 @@ import pytest
 from migrate_fsdp.verify import suite
 from tests.verify.helpers import verify
 
+pytestmark = pytest.mark.slow  # launches torchrun (2 gloo ranks)
+
 TOLERANCED = {"bf16_grad_accum": "accumulation", "clip_grad": "clipping"}
 FIXTURES = [f.name for f in suite.discover() if (f.directory / "fsdp2.py").is_file()]
 

@@ -34,84 +34,11 @@ CLASS_POLICIES = {f"{WRAP}.transformer_auto_wrap_policy": "transformer_layer_cls
 _ADVICE = "call fully_shard on each submodule FSDP1 wrapped, children before parents, then on the root"
 
 TARGETS_HELPER = "_fsdp1_wrap_targets"
-TARGETS_HELPER_SOURCE = '''
-def _fsdp1_wrap_targets(root, policy, ignored_modules=(), ignored_params=(), full_precision=()):
-    """The submodules FSDP1's auto_wrap_policy wrapped, children before parents (the root excluded).
-
-    Replays torch.distributed.fsdp's _auto_wrap: a policy object with
-    _run_policy (ModuleWrapPolicy, CustomPolicy) picks modules in one pass; a
-    callable policy(module, recurse, nonwrapped_numel) is walked as
-    _recursive_wrap does. `full_precision` are the classes FSDP1 also wrapped
-    on their own under mixed precision. `ignored_modules` holds whole subtrees.
-    """
-    full_precision = tuple(full_precision)
-    targets = []
-    if hasattr(policy, "_run_policy"):
-        chosen = policy._run_policy(root, set(ignored_modules), {})
-        if any(chosen.values()):
-            raise NotImplementedError("a CustomPolicy returned FSDP1 arguments for some modules: shard those yourself")
-        chosen = set(chosen)
-        chosen.update(m for m in root.modules() if m not in ignored_modules and isinstance(m, full_precision))
-        visited = {root}
-
-        def post_order(module):
-            for child in module.children():
-                if child not in visited:
-                    visited.add(child)
-                    post_order(child)
-            if module in chosen and module is not root:
-                targets.append(module)
-
-        post_order(root)
-        return targets
-
-    def decide(module, recurse, nonwrapped_numel):
-        if full_precision and (recurse or isinstance(module, full_precision)):
-            return True
-        return policy(module=module, recurse=recurse, nonwrapped_numel=nonwrapped_numel)
-
-    def recursive_wrap(module, is_root=False):
-        nonwrapped_numel = sum(p.numel() for p in module.parameters() if p not in ignored_params)
-        if not decide(module, True, nonwrapped_numel):
-            return 0
-        wrapped_numel = 0
-        for child in module.children():
-            if child not in ignored_modules:
-                wrapped_numel += recursive_wrap(child)
-        if not is_root and decide(module, False, nonwrapped_numel - wrapped_numel):
-            targets.append(module)
-            return nonwrapped_numel
-        return wrapped_numel
-
-    recursive_wrap(root, is_root=True)
-    return targets
-'''
 
 SIZE_HELPER = "_size_based_auto_wrap_policy"
-SIZE_HELPER_SOURCE = '''
-def _size_based_auto_wrap_policy(
-    module, recurse, nonwrapped_numel, min_num_params=int(1e8), force_leaf_modules=None, exclude_wrap_modules=None
-):
-    """FSDP1's size_based_auto_wrap_policy (torch.distributed.fsdp.wrap), which FSDP2 does not have."""
-    import torch.nn as nn
-
-    if force_leaf_modules is None:
-        force_leaf_modules = {nn.MultiheadAttention}
-    if exclude_wrap_modules is None:
-        exclude_wrap_modules = {nn.ModuleList, nn.ModuleDict}
-    is_large = nonwrapped_numel >= min_num_params
-    if recurse:
-        return is_large and not isinstance(module, tuple(force_leaf_modules))
-    return is_large and not isinstance(module, tuple(exclude_wrap_modules))
-'''
 
 
 OR_HELPER = "_fsdp1_or_policy"
-OR_HELPER_SOURCE = '''
-def _fsdp1_or_policy(module, recurse, nonwrapped_numel, policies):
-    """FSDP1's _or_policy (torch.distributed.fsdp.wrap): wrap when any of the policies would."""
-    return any(policy(module=module, recurse=recurse, nonwrapped_numel=nonwrapped_numel) for policy in policies)
-'''
 
 
 @dataclass
@@ -284,7 +211,7 @@ class AutoWrapPolicyRule(KeywordRule):
             return expression("lambda module, recurse, nonwrapped_numel: recurse or COND", COND=condition)
         size_based = f"{WRAP}.size_based_auto_wrap_policy"
         if ctx.matches(node, size_based):
-            return cst.Name(ctx.add_helper(SIZE_HELPER, SIZE_HELPER_SOURCE))
+            return cst.Name(ctx.add_helper(SIZE_HELPER))
         if not (isinstance(node, cst.Call) and ctx.matches(node.func, PARTIAL) and node.args):
             return None
         options = _keywords(node.args[1:])
@@ -292,7 +219,7 @@ class AutoWrapPolicyRule(KeywordRule):
             return None
         func = node.args[0].value
         if ctx.matches(func, size_based):
-            return call(node.func, cst.Name(ctx.add_helper(SIZE_HELPER, SIZE_HELPER_SOURCE)), **options)
+            return call(node.func, cst.Name(ctx.add_helper(SIZE_HELPER)), **options)
         if ctx.matches(func, f"{WRAP}._or_policy") and set(options) == {"policies"}:
             policies = options["policies"]
             if not isinstance(policies, (cst.List, cst.Tuple)):
@@ -300,7 +227,7 @@ class AutoWrapPolicyRule(KeywordRule):
             parts = [self._replayable(self.analysis.definitions.follow(e.value, e.value)[0]) for e in policies.elements]
             if None in parts:
                 return None
-            local = ctx.add_helper(OR_HELPER, OR_HELPER_SOURCE)
+            local = ctx.add_helper(OR_HELPER)
             return call(node.func, cst.Name(local), policies=cst.List([cst.Element(part) for part in parts]))
         return None
 
@@ -322,7 +249,7 @@ class AutoWrapPolicyRule(KeywordRule):
         policy = plan.policy
         values = {"M": module, "V": var, "CHILD": child}
         if policy.runtime is not None:
-            helper = self.ctx.add_helper(TARGETS_HELPER, TARGETS_HELPER_SOURCE)
+            helper = self.ctx.add_helper(TARGETS_HELPER)
             prefix = []
             runtime = policy.runtime
             if not is_reevaluable(runtime):

@@ -15,29 +15,6 @@ from migrate_fsdp.rewrite.rules.construction.flags import flag, guarded
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 
 HELPER = "_fsdp1_forward_prefetch"
-HELPER_SOURCE = '''
-def _fsdp1_forward_prefetch(root):
-    """FSDP1's forward_prefetch=True: after the first forward, each FSDP module prefetches the next one."""
-    from torch.distributed.fsdp import FSDPModule
-
-    order, seen, hooks = [], set(), []
-
-    def record(module, args):
-        if module not in seen:
-            seen.add(module)
-            order.append(module)
-
-    def finish(module, args, output):
-        for hook in hooks:
-            hook.remove()
-        for current, following in zip(order, order[1:]):
-            current.set_modules_to_forward_prefetch([following])
-
-    for module in root.modules():
-        if isinstance(module, FSDPModule):
-            hooks.append(module.register_forward_pre_hook(record))
-    hooks.append(root.register_forward_hook(finish))
-'''
 
 
 class ForwardPrefetchRule(KeywordRule):
@@ -54,4 +31,4 @@ class ForwardPrefetchRule(KeywordRule):
         plan.forward_prefetch = enabled
 
     def statements(self, plan, module) -> list:
-        return guarded(plan.forward_prefetch, statements(f"{self.ctx.add_helper(HELPER, HELPER_SOURCE)}(MODULE)", MODULE=module))
+        return guarded(plan.forward_prefetch, statements(f"{self.ctx.add_helper(HELPER)}(MODULE)", MODULE=module))

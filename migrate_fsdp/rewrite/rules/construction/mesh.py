@@ -22,35 +22,6 @@ from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconverti
 from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID
 
 SHARDING_HELPER = "_fsdp1_sharding"
-SHARDING_HELPER_SOURCE = '''
-def _fsdp1_sharding(strategy, device_type=None, mesh=None):
-    """fully_shard's mesh and reshard_after_forward for FSDP1's sharding_strategy (a member or its name).
-
-    As FSDP1 did: FULL_SHARD keeps FSDP2's defaults, SHARD_GRAD_OP keeps the
-    parameters unsharded after forward, HYBRID_SHARD / _HYBRID_SHARD_ZERO2
-    shard within a node and replicate across nodes, NO_SHARD replicates.
-    """
-    import torch
-    from torch.distributed import get_world_size
-    from torch.distributed.device_mesh import init_device_mesh
-
-    name = "FULL_SHARD" if strategy is None else getattr(strategy, "name", strategy)
-    if name not in ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "NO_SHARD"):
-        raise ValueError(f"unknown FSDP1 sharding strategy {strategy!r}")
-    device_type = device_type or torch.accelerator.current_accelerator().type
-    world_size = get_world_size()
-    if name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2") and mesh is None:
-        per_node = torch.accelerator.device_count()
-        mesh = init_device_mesh(device_type, (world_size // per_node, per_node), mesh_dim_names=("replicate", "shard"))
-    elif name == "NO_SHARD":
-        if mesh is not None:
-            raise NotImplementedError("NO_SHARD over a given device mesh: pass fully_shard a 2-D (replicate, 1) mesh")
-        mesh = init_device_mesh(device_type, (world_size, 1), mesh_dim_names=("replicate", "shard"))
-    kwargs = {} if mesh is None else {"mesh": mesh}
-    if name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
-        kwargs["reshard_after_forward"] = False
-    return kwargs
-'''
 
 
 class MeshRule(KeywordRule):
@@ -79,7 +50,7 @@ class MeshRule(KeywordRule):
                     "(DeviceMesh.from_group) and pass it as device_mesh",
                     group,
                 )
-            helper = self.ctx.add_helper(SHARDING_HELPER, SHARDING_HELPER_SOURCE)
+            helper = self.ctx.add_helper(SHARDING_HELPER)
             args = [strategy.runtime]
             if plan.device is not None or user_mesh is not None:
                 args.append(device_type(self.analysis, plan) if plan.device is not None else cst.Name("None"))

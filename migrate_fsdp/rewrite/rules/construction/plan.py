@@ -42,6 +42,8 @@ class CallSite:
     can_insert: bool  # statements may go right before/after `statement`
     in_lambda: bool  # inserted statements would run at another time than the call
     is_partial: bool = False
+    in_dual_version: bool = False  # inside code that serves FSDP1 and FSDP2 (analysis/versions.py)
+    stack: tuple = ()  # original nodes from the module down to the call
 
     @property
     def target(self) -> cst.BaseExpression | None:

@@ -10,7 +10,6 @@ the current device (devices.py). BACKWARD_POST, or turning backward
 prefetching off, have no FSDP2 form and are reported.
 """
 
-import libcst as cst
 
 from migrate_fsdp.rewrite.rules.construction.devices import set_current_device
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible

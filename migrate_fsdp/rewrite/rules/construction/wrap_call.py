@@ -14,6 +14,7 @@ why. It also gives FSDP1 construction names found outside a converted call
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.program import BLOCKED, DUAL_VERSION
 from migrate_fsdp.rewrite.rule import Rule
 from migrate_fsdp.rewrite.rules.construction.analysis import Analysis
 from migrate_fsdp.rewrite.rules.construction.arguments import Unbindable, bind
@@ -127,6 +128,8 @@ class WrapCall(Rule):
             can_insert=self.ctx.can_insert_statements(),
             in_lambda=any(isinstance(n, cst.Lambda) for n in inner),
             is_partial=is_partial,
+            in_dual_version=self.ctx.dual_versions.holds(stack),
+            stack=tuple(stack),
         )
 
     # ----- judging every call, before any rewriting -------------------------------------------
@@ -141,8 +144,25 @@ class WrapCall(Rule):
                         self.analysis.fsdp1_arguments.update(subtree_ids(value))
         self.analysis.close_fsdp1_arguments()
         for site in self._sites:
-            self._plans[id(site.node)] = self._plan(site)
+            before = dict(self.ctx.imports), dict(self.ctx.helpers)
+            plan = self._plan(site)
+            why = self.ctx.program.constructor(site.node, converts=not plan.problems and not site.in_dual_version, stack=site.stack)
+            if why is not None:
+                plan.problems.append(Problem(site.node, BLOCKED, _LEFT_AS_IS + why))
+            elif site.in_dual_version:
+                plan.problems.append(Problem(site.node, DUAL_VERSION, _LEFT_AS_IS + "it serves FSDP1 beside FSDP2"))
+            if plan.problems:  # nothing of a conversion that does not happen stays behind
+                self.ctx.imports.clear()
+                self.ctx.imports.update(before[0])
+                self.ctx.helpers.clear()
+                self.ctx.helpers.update(before[1])
+            self._plans[id(site.node)] = plan
+        # A definition converted where it stands (`mp = MixedPrecision(...)` on one branch) serves
+        # every constructor using it: it converts only if none of them stays FSDP1.
+        kept = {id(d.value) for plan in self._plans.values() if plan.problems for d in plan.redefined}
         for plan in self._plans.values():
+            if plan.problems or any(id(d.value) in kept for d in plan.redefined):
+                continue
             for definition, value in plan.redefined.items():
                 self._redefined[id(definition.value)] = (plan, value)
                 self._redefined[id(definition.statement)] = (plan, None)
@@ -372,10 +392,7 @@ class WrapCall(Rule):
                 statement = statement.with_changes(leading_lines=[*statement.leading_lines, *pending])
                 pending = []
             body.append(statement)
-        if not body:
-            body = [cst.SimpleStatementLine([cst.Pass()], leading_lines=pending)]
-            pending = []
-        changes = {"body": body}
+        changes = {"body": body}  # an emptied block goes whole with its statement later (imports.finish_module)
         if pending:
             changes["footer"] = [*block.footer, *pending]
         return block.with_changes(**changes)

@@ -8,7 +8,7 @@ rule that needs one of these hooks for itself calls `super()` first.
 import libcst as cst
 
 from migrate_fsdp.rewrite.rule import Rule
-from migrate_fsdp.rewrite.rules.training.models import FSDP_CLASS, FsdpModels, Kind, fsdp_models
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, FsdpModels, Kind, fsdp_models
 from migrate_fsdp.rewrite.syntax import dotted
 
 
@@ -80,12 +80,17 @@ class TrainingRule(Rule):
             return func.attr.value
         return None
 
-    def fsdp2_ahead(self, node) -> bool:
-        """Whether FSDP2 code may replace `node`: it runs on FSDP2 models only if MF101 turns the
-        FSDP1 models into FSDP2 ones; when that rule is not selected, `node` is reported instead."""
-        if self.ctx.selected(WRAP_CALL_CODE):
+    def fsdp2_ahead(self, node, stack=None) -> bool:
+        """Whether FSDP2 code may replace the original `node`: only when the models it uses become
+        FSDP2 ones, which the program decides (analysis/program.py); otherwise `node` is reported."""
+        if not self.ctx.selected(WRAP_CALL_CODE):
+            self.ctx.report(node, self.code, NEEDS_WRAP_CALL)
+            return False
+        denial = self.ctx.program.use(node, self.code, tuple(self.ctx.stack if stack is None else stack))
+        if denial is None:
             return True
-        self.ctx.report(node, self.code, NEEDS_WRAP_CALL)
+        if denial.code is not None:
+            self.ctx.report(node, denial.code, denial.message)
         return False
 
     def in_type_position(self) -> bool:
@@ -131,16 +136,6 @@ def bind(call: cst.Call, params: tuple[str, ...]) -> dict[str, cst.Arg] | None:
     return bound
 
 
-def walk(*roots):
-    """Every node under `roots` (pre-order) with its ancestors, outermost first."""
-    stack = [(root, ()) for root in reversed(roots)]
-    while stack:
-        node, parents = stack.pop()
-        yield node, parents
-        for child in reversed(list(node.children)):
-            stack.append((child, (*parents, node)))
-
-
 def literal_bool(node) -> bool | None:
     if isinstance(node, cst.Name) and node.value in ("True", "False"):
         return node.value == "True"
@@ -179,7 +174,8 @@ class RemovesStatements(TrainingRule):
     """
 
     def remove_statement(self, original):
-        comments = [line for line in original.leading_lines if line.comment is not None]
+        # A comment above the statement stays, with the blank lines that set it apart.
+        comments = list(original.leading_lines) if any(line.comment for line in original.leading_lines) else []
         trailing = original.trailing_whitespace.comment
         if trailing is not None:  # `cfg = FullStateDictConfig(...)  # why`: the comment goes on its own line
             comments.append(cst.EmptyLine(comment=trailing))

@@ -23,18 +23,8 @@ unknown type, in a file that uses FSDP1, is reported.
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule, bind, code_of
-from migrate_fsdp.rewrite.rules.training.models import Kind
+from migrate_fsdp.rewrite.analysis.models import Kind
 
-_HELPER = '''
-def {name}(parameters, max_norm, norm_type=2.0):
-    """FSDP1's `model.clip_grad_norm_()` for an FSDP2 model: clip in place, return the global norm.
-
-    FSDP1 returned a plain tensor; torch's `clip_grad_norm_` returns a DTensor
-    for DTensor gradients, so it is made whole here.
-    """
-    total_norm = {clip}(parameters, max_norm, norm_type)
-    return total_norm.full_tensor() if isinstance(total_norm, {dtensor}) else total_norm
-'''
 
 HELPER_NAME = "fsdp2_clip_grad_norm_"
 _PARAMS = ("max_norm", "norm_type")
@@ -91,8 +81,7 @@ class ClipGradNorm(TrainingRule):
         clip = self.ctx.require_import("torch.nn.utils", "clip_grad_norm_")
         if self.is_statement_call():
             return cst.Call(func=cst.Name(clip), args=args)
-        dtensor = self.ctx.require_import("torch.distributed.tensor", "DTensor")
-        helper = self.ctx.add_helper(HELPER_NAME, _HELPER.format(name=HELPER_NAME, clip=clip, dtensor=dtensor))
+        helper = self.ctx.add_helper(HELPER_NAME)
         return cst.Call(func=cst.Name(helper), args=args)
 
     @staticmethod

@@ -13,7 +13,7 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.names import FSDP1_EXPORTS, FSDP_PACKAGE, is_fsdp1
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, code_of
-from migrate_fsdp.rewrite.rules.training.models import Kind
+from migrate_fsdp.rewrite.analysis.models import Kind
 
 # Private attributes of FSDP1 instances (and their handles), reported on FSDP1 models.
 _PRIVATE_ATTRIBUTES = frozenset(
@@ -91,7 +91,7 @@ class FlatParamInternals(TrainingRule):
         if name not in _PRIVATE_ATTRIBUTES or self._is_module_path(original) or self._in_import():
             return updated
         kind = self.receiver_kind(original)
-        if kind is Kind.FSDP or (name in _UNMISTAKABLE and kind is not Kind.DDP):
+        if kind is Kind.FSDP or (name in _UNMISTAKABLE and kind is not Kind.DDP and self.ctx.program.may_build_fsdp1()):
             receiver = code_of(self.ctx, original.value)
             self.ctx.report(original, self.code, f"`{receiver}.{name}` is an FSDP1 internal; {_ADVICE}")
         return updated

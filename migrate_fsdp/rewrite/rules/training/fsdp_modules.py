@@ -13,15 +13,8 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule, bind, from_template, literal_bool
 from migrate_fsdp.rewrite.rules.training.isinstance_fsdp import fsdp_module_name
-from migrate_fsdp.rewrite.rules.training.models import ROOT_MODULES_HELPER
+from migrate_fsdp.rewrite.analysis.models import ROOT_MODULES_HELPER
 
-_HELPER = '''
-def {name}(module):
-    """FSDP1's `FSDP.fsdp_modules(module, root_only=True)` for FSDP2: the outermost FSDP modules."""
-    if isinstance(module, {fsdp_module}):
-        return [module]
-    return [root for child in module.children() for root in {name}(child)]
-'''
 
 HELPER_NAME = ROOT_MODULES_HELPER
 _ADVICE = "use `[m for m in model.modules() if isinstance(m, FSDPModule)]` (FSDP2)"
@@ -47,7 +40,7 @@ class FsdpModules(TrainingRule):
         model = updated.args[original.args.index(bound["module"])].value
         fsdp_module = fsdp_module_name(self.ctx)
         if root_only:
-            helper = self.ctx.add_helper(HELPER_NAME, _HELPER.format(name=HELPER_NAME, fsdp_module=fsdp_module))
+            helper = self.ctx.add_helper(HELPER_NAME)
             return cst.Call(func=cst.Name(helper), args=[cst.Arg(model)])
         return from_template(f"[module for module in MODEL.modules() if isinstance(module, {fsdp_module})]", MODEL=model)
 

@@ -17,7 +17,7 @@ builds one is reported too: that is where `fully_shard` goes.
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule
-from migrate_fsdp.rewrite.rules.training.models import FSDP_CLASS, assignments_of
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, assignments_of
 
 
 class FsdpSubclass(TrainingRule):

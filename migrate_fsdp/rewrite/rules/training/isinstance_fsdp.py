@@ -17,7 +17,7 @@ tutorial's `assert isinstance(model, FSDPModule)`). So:
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule
-from migrate_fsdp.rewrite.rules.training.models import FSDP_CLASS, Kind
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, Kind
 
 
 

@@ -20,25 +20,8 @@ not FSDP1 it is presumed DDP's).
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, code_of
-from migrate_fsdp.rewrite.rules.training.models import Kind
+from migrate_fsdp.rewrite.analysis.models import Kind
 
-_HELPER = '''
-@{contextmanager}
-def {name}(module):
-    """FSDP1's `module.no_sync()` for an FSDP2 module: no gradient reduction inside the block.
-
-    On exit, exceptions included, sync is turned back on unless an enclosing
-    block still holds it off, as FSDP1 restored its previous setting.
-    """
-    outer = getattr(module, "_fsdp2_no_sync_active", False)
-    module.set_requires_gradient_sync(False)
-    module._fsdp2_no_sync_active = True
-    try:
-        yield
-    finally:
-        module._fsdp2_no_sync_active = outer
-        module.set_requires_gradient_sync(not outer)
-'''
 
 HELPER_NAME = "fsdp2_no_sync"
 
@@ -85,7 +68,7 @@ class NoSync(TrainingRule):
         kind = self.receiver_kind(func)
         if kind is Kind.FSDP:
             return self.fsdp2_ahead(func)
-        if kind is Kind.UNKNOWN and not self.models.file_may_hold_ddp:
+        if kind is Kind.UNKNOWN and not self.models.file_may_hold_ddp and self.ctx.program.may_build_fsdp1():
             receiver = code_of(self.ctx, func.value)
             self.ctx.report(
                 func,
@@ -103,5 +86,4 @@ class NoSync(TrainingRule):
         )
 
     def _helper(self) -> str:
-        contextmanager = self.ctx.require_import("contextlib", "contextmanager")
-        return self.ctx.add_helper(HELPER_NAME, _HELPER.format(contextmanager=contextmanager, name=HELPER_NAME))
+        return self.ctx.add_helper(HELPER_NAME)

@@ -24,7 +24,7 @@ recognised in its current order `(model, optim, osd)`, in the legacy order
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import bind, literal_bool
-from migrate_fsdp.rewrite.rules.training.models import assignments_of
+from migrate_fsdp.rewrite.analysis.models import assignments_of
 from migrate_fsdp.rewrite.rules.training.state_dicts import (
     ADVICE,
     DEFAULT_SETTINGS,

@@ -124,7 +124,7 @@ class StateDictType(UsesStateDictPlan):
             self.ctx.report(original, self.code, f"not converted: {blocked}; {ADVICE}")
             return updated
         if settings is None:
-            if not self.models.is_fsdp_model(func.value):
+            if not self.models.is_fsdp_model(func.value) or self.models.is_fsdp2_module(func.value, self.ctx.stack):
                 return updated
             if self.plan.unresolved:
                 self.ctx.report(

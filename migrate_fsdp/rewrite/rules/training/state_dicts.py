@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.training.base import WRAP_CALL_CODE, RemovesStatements, bind, literal_bool, walk
-from migrate_fsdp.rewrite.rules.training.models import FSDP_CLASS, assignments_of, fsdp_models
+from migrate_fsdp.rewrite.rules.training.base import WRAP_CALL_CODE, RemovesStatements, bind, literal_bool
+from migrate_fsdp.rewrite.syntax import walk
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, assignments_of, fsdp_models
 from migrate_fsdp.rewrite.syntax import dotted
 
 FULL, SHARDED, LOCAL = "FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT"
@@ -147,6 +148,9 @@ class StateDictPlan:
             context = self._context(call, stack, optim_rule_selected)
             if not wrap_selected:
                 context.failure = "MF101 (wrap-call) is not selected, so the models stay FSDP1"
+            elif context.failure is None:
+                denial = self.ctx.program.use(call, "MF202", stack)
+                context.failure = denial.message if denial is not None else None
             self.contexts.append(context)
             self._context_of[id(call)] = context
         self._plan_config_statements()
@@ -443,29 +447,6 @@ class UsesStateDictPlan(RemovesStatements):
 
 # ----- building the FSDP2 calls ----------------------------------------------------------
 
-_GATHER_HELPER = '''
-def {name}(state_dict, offload_to_cpu, rank0_only):
-    """FSDP1's FULL_STATE_DICT settings FSDP2's options lack, from an FSDP2 (DTensor) state dict.
-
-    Gathers every DTensor to a full tensor, one at a time and on every rank (a
-    collective); moves it to CPU when `offload_to_cpu`; with `rank0_only`,
-    ranks other than 0 get an empty dict, as FSDP1 gave them.
-    """
-
-    def full(value):
-        if isinstance(value, {dtensor}):
-            value = value.full_tensor()
-        if isinstance(value, {tensor}) and offload_to_cpu:
-            return value.cpu()
-        if isinstance(value, dict):
-            return {{key: full(item) for key, item in value.items()}}
-        if isinstance(value, list):
-            return [full(item) for item in value]
-        return value
-
-    result = full(state_dict)
-    return result if not rank0_only or {get_rank}() == 0 else {{}}
-'''
 GATHER_HELPER_NAME = "fsdp2_full_state_dict"
 
 
@@ -499,15 +480,7 @@ class Builder:
         if offload == rank0:
             return self.call(function, args, self.options(full_state_dict=True, cpu_offload=offload))
         sharded = self.call(function, args, None)
-        helper = self.ctx.add_helper(
-            GATHER_HELPER_NAME,
-            _GATHER_HELPER.format(
-                name=GATHER_HELPER_NAME,
-                dtensor=self.ctx.require_import("torch.distributed.tensor", "DTensor"),
-                tensor=self.ctx.require_import("torch", "Tensor"),
-                get_rank=self.ctx.require_import("torch.distributed", "get_rank"),
-            ),
-        )
+        helper = self.ctx.add_helper(GATHER_HELPER_NAME)
         flags = [
             cst.Arg(cst.Name(str(offload)), keyword=cst.Name("offload_to_cpu"), equal=_NO_SPACE_EQUAL),
             cst.Arg(cst.Name(str(rank0)), keyword=cst.Name("rank0_only"), equal=_NO_SPACE_EQUAL),

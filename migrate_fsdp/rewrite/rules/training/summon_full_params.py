@@ -29,9 +29,9 @@ from migrate_fsdp.rewrite.rules.training.base import (
     bind,
     from_template,
     literal_bool,
-    walk,
 )
-from migrate_fsdp.rewrite.syntax import dotted
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
+from migrate_fsdp.rewrite.syntax import dotted, walk
 
 _PARAMS = ("module", "recurse", "writeback", "rank0_only", "offload_to_cpu", "with_grads")
 _DEFAULTS = {"recurse": True, "writeback": True, "rank0_only": False, "offload_to_cpu": False, "with_grads": False}
@@ -92,9 +92,10 @@ class SummonFullParams(RemovesStatements):
         if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
             return False
         # Only FSDP1 has it: `FSDP.summon_full_params(m)` or, as a static method, `m.summon_full_params(m)`.
-        return node.func.attr.value == "summon_full_params" and not self.ctx.matches(
-            node.func.value, "torch.distributed.fsdp.FSDPModule"
-        )
+        if node.func.attr.value != "summon_full_params" or self.ctx.matches(node.func.value, "torch.distributed.fsdp.FSDPModule"):
+            return False
+        # fairscale's FSDP has one too: only a program using torch's FSDP1 is asked about it.
+        return self.ctx.matches(node.func, f"{FSDP_CLASS}.summon_full_params") or self.ctx.program.may_build_fsdp1()
 
     def _in_with_item(self, call) -> bool:
         stack = self.ctx.stack

@@ -15,7 +15,7 @@ reported on any receiver.
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, code_of
-from migrate_fsdp.rewrite.rules.training.models import Kind
+from migrate_fsdp.rewrite.analysis.models import Kind
 
 _ADVICE = {
     "module": "FSDP2 wraps nothing: use the model itself (`fully_shard` shards it in place)",
@@ -54,7 +54,7 @@ class WrapperAttributes(TrainingRule):
             self.ctx.report(original, self.code, f"`FSDP.{name}` {what} in FSDP2; {_ADVICE[name]}")
             return updated
         kind = self.receiver_kind(original)
-        if kind is Kind.FSDP or (name in _FSDP1_ONLY and kind is Kind.UNKNOWN):
+        if kind is Kind.FSDP or (name in _FSDP1_ONLY and kind is Kind.UNKNOWN and self.ctx.program.may_build_fsdp1()):
             receiver = code_of(self.ctx, original.value)
             what = "works differently" if name in _CHANGED else "does not exist"
             self.ctx.report(original, self.code, f"`{receiver}.{name}` {what} on an FSDP2 model; {_ADVICE[name]}")

@@ -27,7 +27,7 @@ import libcst as cst
 from libcst.metadata import Assignment, ComprehensionScope
 
 from migrate_fsdp.rewrite.names import canonical
-from migrate_fsdp.rewrite.syntax import chain_root, dotted
+from migrate_fsdp.rewrite.syntax import chain_root, dotted, walk
 
 FSDP_CLASS = "torch.distributed.fsdp.FullyShardedDataParallel"
 # What a rewrite turns FSDP1 models into: judged the same, so a second run reports what the first did.
@@ -45,6 +45,9 @@ _RETURNS_SELF = frozenset(
     {"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train", "eval", "requires_grad_", "to_empty"}
 )
 # Statements whose bodies may not run (or run instead of another branch).
+# Where a model known to be sharded comes from, when not from a constructor in this file.
+FSDP2 = "an FSDP2 module"
+UNTIED = "an FSDP1 model from out of sight (a parameter's annotation, an isinstance test)"
 _CONDITIONAL = (cst.If, cst.Else, cst.For, cst.While, cst.ExceptHandler, cst.ExceptStarHandler, cst.Match)
 _MAX_DEPTH = 8
 
@@ -68,6 +71,15 @@ def is_main_guard(node) -> bool:
         and dotted(test.left) == "__name__"
         and any(isinstance(c.comparator, cst.SimpleString) and c.comparator.evaluated_value == "__main__" for c in test.comparisons)
     )
+
+
+@dataclass(frozen=True)
+class Origins:
+    """Where a sharded model used somewhere may come from."""
+
+    constructors: frozenset  # FSDP1 constructor calls of this file whose result reaches the use
+    fsdp2: bool  # an FSDP2 module (fully_shard, FSDPModule) may reach it
+    untied: bool  # an FSDP1 model this file does not build may reach it
 
 
 class Kind(Enum):
@@ -100,6 +112,7 @@ class _Definition:
     narrowing: bool = False  # holds for the whole block at the end of `path`
     wraps_itself: bool = False  # `self.m = FSDP(self.m)`: earlier values were the unwrapped module
     element: int | None = None  # `a, b = value`: which element of `value` this target gets
+    source: str | None = None  # for a fixed FSDP kind: FSDP2 or UNTIED (an FSDP1 model from out of sight)
 
     @property
     def function(self):
@@ -128,6 +141,10 @@ class FsdpModels:
         self._calls: list[tuple[cst.Call, tuple]] = []  # calls of plain names, for parameter inference
         self._call_funcs: set[int] = set()
         self._memo: dict = {}
+        self.constructors: list[cst.Call] = []  # FSDP(...) calls and functools.partial(FSDP, ...) factories
+        # While tracing where a model comes from: what a constructor (by id) or a kind of source
+        # (FSDP2, UNTIED) is taken to give instead of Kind.FSDP.
+        self._assume: dict = {}
         self.has_main_guard = False
         self.imports_fsdp = False  # any name of torch.distributed.fsdp, FSDP1 or FSDP2
         self.imports_ddp = False
@@ -202,17 +219,20 @@ class FsdpModels:
 
     def _note_AnnAssign(self, node: cst.AnnAssign) -> None:
         path = self._statement_path()
-        kind = self.annotation_kind(node.annotation.annotation)
+        annotation = node.annotation.annotation
+        kind = self.annotation_kind(annotation)
         if node.value is None and kind is None:
             return
-        self._add_target(node.target, _Definition(self._next_seq(), path, node.value, kind))
+        definition = _Definition(self._next_seq(), path, node.value, kind, source=self._class_source(annotation))
+        self._add_target(node.target, definition)
 
     def _note_AugAssign(self, node: cst.AugAssign) -> None:
         self._add_target(node.target, _Definition(self._next_seq(), self._statement_path(), kind=Kind.UNKNOWN))
 
     def _note_For(self, node: cst.For) -> None:
-        kind = Kind.FSDP if self._lists_fsdp_modules(node.iter) else Kind.UNKNOWN
-        self._add_target(node.target, _Definition(self._next_seq(), (*self.ctx.stack, node.body), kind=kind))
+        source = self._lists_fsdp_modules(node.iter)
+        kind = Kind.FSDP if source else Kind.UNKNOWN
+        self._add_target(node.target, _Definition(self._next_seq(), (*self.ctx.stack, node.body), kind=kind, source=source or None))
 
     def _note_WithItem(self, node: cst.WithItem) -> None:
         if node.asname is not None:
@@ -222,14 +242,14 @@ class FsdpModels:
         if is_main_guard(node):
             # A script: its functions are called from here, not imported by other files.
             self.has_main_guard = True
-        for subject, kind in self._isinstance_facts(node.test):
+        for subject, kind, source in self._isinstance_facts(node.test):
             path = (*self.ctx.stack, node.body)
-            definition = _Definition(self._next_seq(), path, kind=kind, narrowing=True)
+            definition = _Definition(self._next_seq(), path, kind=kind, narrowing=True, source=source)
             self._narrowings.setdefault(dotted(subject), []).append(definition)
 
     def _note_Assert(self, node: cst.Assert) -> None:
-        for subject, kind in self._isinstance_facts(node.test):
-            definition = _Definition(self._next_seq(), self._statement_path(), kind=kind)
+        for subject, kind, source in self._isinstance_facts(node.test):
+            definition = _Definition(self._next_seq(), self._statement_path(), kind=kind, source=source)
             self._narrowings.setdefault(dotted(subject), []).append(definition)
 
     def _note_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -240,8 +260,10 @@ class FsdpModels:
         params = node.params
         positional = [*params.posonly_params, *params.params]
         for param in [*positional, *params.kwonly_params]:
-            kind = self.annotation_kind(param.annotation.annotation) if param.annotation else None
-            self._names[id(param)] = _Definition(seq, (*path, node.body), kind=kind)
+            annotation = param.annotation.annotation if param.annotation else None
+            kind = self.annotation_kind(annotation) if annotation else None
+            source = self._class_source(annotation) if annotation else None
+            self._names[id(param)] = _Definition(seq, (*path, node.body), kind=kind, source=source)
         owner = self._method_owner(node, path)
         if owner is not None and positional:
             # `self`: an instance of the class the method is defined in.
@@ -260,6 +282,10 @@ class FsdpModels:
         return path[-3]
 
     def _class_definition_kind(self, node: cst.ClassDef) -> Kind:
+        kind = self._bases_kind(node)
+        return self._assume.get(UNTIED, kind) if kind is Kind.FSDP else kind
+
+    def _bases_kind(self, node: cst.ClassDef) -> Kind:
         """What instances of a class defined in this file are, going by its bases."""
         for base in node.bases:
             kind = self.class_kind(base.value)
@@ -273,6 +299,10 @@ class FsdpModels:
             self._functions[id(function)].returns.append((node.value, tuple(self.ctx.stack)))
 
     def _note_Call(self, node: cst.Call) -> None:
+        if self.ctx.matches(node.func, FSDP_CLASS) or (
+            node.args and self.ctx.matches(node.func, *_PARTIAL) and self.ctx.matches(node.args[0].value, FSDP_CLASS)
+        ):
+            self.constructors.append(node)
         if isinstance(node.func, cst.Name):
             self._calls.append((node, tuple(self.ctx.stack)))
             self._call_funcs.add(id(node.func))
@@ -285,7 +315,7 @@ class FsdpModels:
             and self.ctx.matches(node.func, *FULLY_SHARD)
         ):
             # `fully_shard(model)` on its own line shards `model` in place.
-            definition = _Definition(self._next_seq(), self._statement_path(), kind=Kind.FSDP)
+            definition = _Definition(self._next_seq(), self._statement_path(), kind=Kind.FSDP, source=FSDP2)
             target = node.args[0].value
             if isinstance(target, cst.Name):
                 self._narrowings.setdefault(target.value, []).append(definition)
@@ -316,16 +346,20 @@ class FsdpModels:
     def _is_call_to(self, node, qualified: str) -> bool:
         return isinstance(node, cst.Call) and self.ctx.matches(node.func, qualified)
 
-    def _lists_fsdp_modules(self, node) -> bool:
-        """`FSDP.fsdp_modules(m)`, or what MF207 makes of it (`[x for x in m.modules() if isinstance(x, FSDPModule)]`)."""
+    def _lists_fsdp_modules(self, node) -> str | None:
+        """Where the modules come from when `node` lists sharded modules: `FSDP.fsdp_modules(m)`, or
+        what MF207 makes of it (`[x for x in m.modules() if isinstance(x, FSDPModule)]`)."""
         if self._is_call_to(node, FSDP_MODULES):
-            return True
+            return UNTIED
         if isinstance(node, cst.Call) and dotted(node.func) == ROOT_MODULES_HELPER:
-            return True
+            return FSDP2
         if isinstance(node, (cst.ListComp, cst.GeneratorExp)) and isinstance(node.elt, cst.Name):
             facts = [fact for condition in node.for_in.ifs for fact in self._isinstance_facts(condition.test)]
-            return any(dotted(subject) == node.elt.value and kind is Kind.FSDP for subject, kind in facts)
-        return False
+            return next(
+                (source for subject, kind, source in facts if dotted(subject) == node.elt.value and kind is Kind.FSDP),
+                None,
+            )
+        return None
 
     def _wraps_itself(self, target, value) -> bool:
         return (
@@ -373,7 +407,14 @@ class FsdpModels:
             return Kind.DDP
         return None
 
-    def _isinstance_facts(self, test) -> list[tuple[str, Kind]]:
+    def _class_source(self, node) -> str:
+        """FSDP2 when the class (annotation, isinstance tuple) `node` names FSDPModule, else UNTIED."""
+        for child, _ in walk(node):
+            if isinstance(child, (cst.Name, cst.Attribute)) and self.ctx.matches(child, *FSDP2_CLASSES):
+                return FSDP2
+        return UNTIED
+
+    def _isinstance_facts(self, test) -> list[tuple[cst.BaseExpression, Kind, str]]:
         if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
             return [*self._isinstance_facts(test.left), *self._isinstance_facts(test.right)]
         if (
@@ -384,7 +425,7 @@ class FsdpModels:
         ):
             kind = self.class_kind(test.args[1].value)
             if kind is not None:
-                return [(test.args[0].value, kind)]
+                return [(test.args[0].value, kind, self._class_source(test.args[1].value))]
         return []
 
     # ----- answering ------------------------------------------------------------------------
@@ -426,7 +467,7 @@ class FsdpModels:
                     best = definition
             elif self._relation(definition, path) == "definite" and (best is None or definition.seq > best.seq):
                 best = definition
-        return best.kind if best is not None else None
+        return self._fixed(best) if best is not None else None
 
     def _name_kind(self, node: cst.Name, path, depth) -> Kind:
         scope = self.ctx.scope(node)
@@ -537,9 +578,15 @@ class FsdpModels:
             conditional = True
         return "maybe" if conditional else "definite"
 
+    def _fixed(self, definition: _Definition) -> Kind:
+        """A definition's kind known without evaluation, under the assumptions of a trace."""
+        if definition.kind is Kind.FSDP:
+            return self._assume.get(definition.source or UNTIED, Kind.FSDP)
+        return definition.kind
+
     def _definition_kind(self, definition: _Definition, used, depth) -> Kind:
         if definition.kind is not None:
-            return definition.kind
+            return self._fixed(definition)
         if definition.value is None:
             return self._parameter_kind(definition, used, depth)
         if definition.element is not None:
@@ -578,12 +625,14 @@ class FsdpModels:
         return Kind.UNKNOWN
 
     def _call_kind(self, call: cst.Call, path, depth) -> Kind:
+        if id(call) in self._assume:
+            return self._assume[id(call)]
         func = call.func
         wrapper = self.class_kind(func)
         if wrapper is not None:
             return wrapper
         if self.ctx.matches(func, *FULLY_SHARD):
-            return Kind.FSDP
+            return self._assume.get(FSDP2, Kind.FSDP)
         if isinstance(func, cst.Attribute) and func.attr.value in _RETURNS_SELF:
             return self.value_kind(func.value, path, depth + 1)
         names = self.ctx.qualified_names(func)
@@ -613,6 +662,8 @@ class FsdpModels:
 
     def _factory_kind(self, value) -> Kind:
         """`functools.partial(FSDP, ...)` makes FSDP1 models when called."""
+        if id(value) in self._assume:
+            return self._assume[id(value)]
         if isinstance(value, cst.Call) and self.ctx.matches(value.func, *_PARTIAL) and value.args:
             return self.class_kind(value.args[0].value) or Kind.UNKNOWN
         return self.class_kind(value) or Kind.UNKNOWN
@@ -706,6 +757,33 @@ class FsdpModels:
             isinstance(d.value, cst.Call) and d.element is None and self._call_kind(d.value, d.path, 0) is Kind.FSDP
             for d in reaching
         )
+
+    def origins(self, node, stack) -> "Origins | None":
+        """Where the sharded model `node` holds at `stack` comes from; None when it is not one.
+
+        Traced by asking again under assumptions: a source taken to give an
+        unknown value makes the answer unknown exactly when that source reaches.
+        """
+        if self.kind(node, stack) is not Kind.FSDP:
+            return None
+        ties = frozenset(c for c in self.constructors if self._traced(node, stack, {id(c): Kind.UNKNOWN}) is not Kind.FSDP)
+        fsdp2 = self._traced(node, stack, {FSDP2: Kind.UNKNOWN}) is not Kind.FSDP
+        out_of_sight = {id(c): Kind.PLAIN for c in self.constructors} | {FSDP2: Kind.PLAIN}
+        untied = self._traced(node, stack, out_of_sight) is Kind.FSDP
+        return Origins(ties, fsdp2, untied)
+
+    def is_fsdp2_module(self, node, stack) -> bool:
+        """`node` holds an FSDP2 module and nothing else: its own methods are not FSDP1 API."""
+        origins = self.origins(node, tuple(stack))
+        return origins is not None and origins.fsdp2 and not origins.constructors and not origins.untied
+
+    def _traced(self, node, stack, assume: dict) -> Kind:
+        saved = self._memo, self._assume
+        self._memo, self._assume = {}, assume
+        try:
+            return self.kind(node, stack)
+        finally:
+            self._memo, self._assume = saved
 
     def is_fsdp_model(self, node, stack=None) -> bool:
         return isinstance(node, (cst.Name, cst.Attribute)) and self.kind(node, stack) is Kind.FSDP

@@ -1,0 +1,193 @@
+"""The program model: a model and all its uses convert together, or not at all.
+
+Every file given to one run is part of one program. Converting a use of a
+model (`no_sync`, clipping, state-dict code) to FSDP2 while the model's
+constructor stays FSDP1 gives a program that crashes or trains silently
+wrong, so the rewrite runs in two steps:
+
+1. Each file is rewritten as if every constructor converted, and records
+   *facts*: its FSDP1 constructors (does each convert on its own?) and every
+   use a rule would convert, with the constructors of the file whose model
+   reaches it (`ties`) and whether a model built out of sight may reach it
+   (`untied`).
+2. `decide` joins the facts of all files: constructors that share a use
+   stand or fall together; a use converts only if every constructor tied to
+   it converts, and a use that cannot be tied to any converts only if the
+   program keeps no FSDP1 constructor at all. Files whose first rewrite
+   assumed too much are rewritten again from the same parsed tree with the
+   verdict (`Gate`), so no file is parsed twice.
+"""
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.analysis.models import fsdp_models
+from migrate_fsdp.rewrite.names import canonical, is_fsdp1
+from migrate_fsdp.rewrite.syntax import dotted, walk
+
+BLOCKED = "MF003"  # a use of a model whose constructor stays FSDP1
+KEPT_FSDP1 = "MF004"  # a use of a model from out of sight, in a program that keeps FSDP1 models
+DUAL_VERSION = "MF005"  # code that already serves FSDP1 and FSDP2
+
+Position = tuple[int, int]  # line, column (1-based) of an original node
+
+
+@dataclass(frozen=True)
+class Use:
+    code: str
+    ties: frozenset  # positions of the file's constructors whose model reaches the use
+    untied: bool
+
+
+@dataclass
+class FileFacts:
+    path: str
+    constructors: dict = field(default_factory=dict)  # Position -> converts on its own
+    places: dict = field(default_factory=dict)  # constructor Position -> the function holding it, for messages
+    uses: dict = field(default_factory=dict)  # (Position, code) -> Use
+    imports_fsdp1: bool = False  # names torch's FSDP1 (not fairscale's, not FSDP2)
+    asked_about_fsdp1: bool = False  # a rule asked whether the program builds FSDP1 models at all
+
+
+@dataclass(frozen=True)
+class Denial:
+    code: str | None  # None: not a use of FSDP1 at all (an FSDP2 module), nothing to report
+    message: str
+
+
+@dataclass
+class Verdict:
+    """What one file may convert, decided over the whole program."""
+
+    blocked: dict = field(default_factory=dict)  # constructor Position -> why it stays FSDP1
+    denied: dict = field(default_factory=dict)  # (Position, code) -> Denial
+    builds_fsdp1: bool = False  # another file of the program uses torch's FSDP1
+
+    def __bool__(self) -> bool:
+        return bool(self.blocked or self.denied or self.builds_fsdp1)
+
+
+def decide(facts: list[FileFacts]) -> dict[str, Verdict]:
+    """The verdict for every file whose first rewrite must be redone (others are final)."""
+    parent: dict = {}
+
+    places = {(f.path, p): f.places.get(p, "") for f in facts for p in f.constructors}
+
+    def where(site) -> str:
+        # No line number: TODO lines the rewrite adds above a constructor would change it on every run.
+        return f"{site[0]}" + (f" ({places[site]})" if places.get(site) else "")
+
+    def find(site):
+        while parent.setdefault(site, site) != site:
+            site = parent[site]
+        return site
+
+    for file in facts:
+        for use in file.uses.values():
+            sites = sorted((file.path, position) for position in use.ties)
+            for other in sites[1:]:
+                parent[find(other)] = find(sites[0])
+    kept = {(f.path, p) for f in facts for p, converts in f.constructors.items() if not converts}
+    cause = {}  # component root -> the first constructor in it that cannot convert
+    for site in sorted(kept):
+        cause.setdefault(find(site), site)
+    verdicts: dict[str, Verdict] = {}
+    first_kept = min(kept) if kept else None
+    builds_fsdp1 = any(f.imports_fsdp1 or f.constructors for f in facts)
+    for file in facts:
+        verdict = Verdict(builds_fsdp1=builds_fsdp1 and file.asked_about_fsdp1)
+        for position, converts in file.constructors.items():
+            blocker = cause.get(find((file.path, position)))
+            if converts and blocker is not None:
+                verdict.blocked[position] = f"stays FSDP1 with the FSDP(...) in {where(blocker)}, which shares its uses"
+        for key, use in file.uses.items():
+            blockers = sorted(b for b in (cause.get(find((file.path, p))) for p in use.ties) if b is not None)
+            if blockers:
+                verdict.denied[key] = Denial(BLOCKED, f"blocked: the model's FSDP(...) in {where(blockers[0])} stays FSDP1")
+            elif use.untied and first_kept is not None:
+                verdict.denied[key] = Denial(
+                    KEPT_FSDP1, f"model may be FSDP1: the FSDP(...) in {where(first_kept)} stays; convert that first"
+                )
+        if verdict:
+            verdicts[file.path] = verdict
+    return verdicts
+
+
+class Gate:
+    """What the rules of one file ask before converting: records the facts, applies a verdict.
+
+    Without a verdict (the first rewrite) everything the file itself allows
+    converts; with one, what the program decided.
+    """
+
+    def __init__(self, ctx, verdict: Verdict | None) -> None:
+        self.ctx = ctx
+        self.verdict = verdict
+        self.facts = FileFacts(ctx.path, imports_fsdp1=_imports_fsdp1(ctx))
+
+    def constructor(self, node, converts: bool, stack) -> str | None:
+        """Why the constructor `node` (at `stack`) must stay FSDP1 although it could convert, if it must."""
+        position = self.ctx.position(node)
+        self.facts.constructors[position] = converts
+        function = next((n for n in reversed(stack) if isinstance(n, (cst.FunctionDef, cst.ClassDef))), None)
+        self.facts.places[position] = f"{function.name.value}()" if isinstance(function, cst.FunctionDef) else ""
+        if not converts or self.verdict is None:
+            return None
+        return self.verdict.blocked.get(position)
+
+    def may_build_fsdp1(self) -> bool:
+        """Whether a model this file cannot see may be torch's FSDP1 model: only when the program
+        uses torch's FSDP1 somewhere (a `.no_sync()` in a DDP, fairscale or Megatron program is theirs)."""
+        if self.facts.imports_fsdp1 or self.facts.constructors or fsdp_models(self.ctx).constructors:
+            return True
+        if self.verdict is not None:
+            return self.verdict.builds_fsdp1
+        self.facts.asked_about_fsdp1 = True
+        return False
+
+    def use(self, node, code: str, stack) -> Denial | None:
+        """Why the FSDP1 use `node` (original, at `stack`) must not become FSDP2 code, if it must not."""
+        ctx = self.ctx
+        if ctx.dual_versions.holds(stack):
+            return Denial(DUAL_VERSION, "already serves FSDP1 and FSDP2; left as is")
+        models = fsdp_models(ctx)
+        ties, untied, fsdp2 = set(), False, False
+        for expression in _model_expressions(node):
+            origins = models.origins(expression, stack)
+            if origins is not None:
+                ties |= {ctx.position(c) for c in origins.constructors}
+                untied = untied or origins.untied
+                fsdp2 = fsdp2 or origins.fsdp2
+        if fsdp2:
+            if ties or untied:
+                return Denial(DUAL_VERSION, "the model may be FSDP1 or FSDP2 here; left as is")
+            if not any(ctx.fsdp1_names(e) for e in _model_expressions(node)):
+                return Denial(None, "an FSDP2 module's own method: nothing of FSDP1 to convert")
+            return None  # FSDP1 API called on an FSDP2 module: its FSDP2 form is what works
+        key = (ctx.position(node), code)
+        self.facts.uses[key] = Use(code, frozenset(ties), untied or not ties)
+        return self.verdict.denied.get(key) if self.verdict is not None else None
+
+
+def _model_expressions(node):
+    """The names and attribute chains in `node` (each prefix of a chain too): where a model can be named."""
+    for child, _ in walk(node):
+        if isinstance(child, (cst.Name, cst.Attribute)) and dotted(child):
+            yield child
+
+
+def _imports_fsdp1(ctx) -> bool:
+    """The file imports a name of torch's FSDP1 (a cheap text test first: most files name none)."""
+    if "fsdp" not in ctx.text:
+        return False
+    for statement, _ in walk(ctx.module):
+        if isinstance(statement, cst.ImportFrom) and not statement.relative and statement.module is not None:
+            if not isinstance(statement.names, cst.ImportStar):
+                module = dotted(statement.module)
+                if any(is_fsdp1(canonical(f"{module}.{dotted(alias.name)}")) for alias in statement.names):
+                    return True
+        elif isinstance(statement, cst.Import):
+            if any(is_fsdp1(dotted(alias.name)) for alias in statement.names):
+                return True
+    return False

@@ -1,0 +1,59 @@
+"""The functions the rewrite inserts into files, kept here as real modules so that they are linted,
+tested and imported like any code; the rewrite reads them as resources, one file per helper named
+after it, and moves their imports into the file's own (once, under free names)."""
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.syntax import dotted, is_docstring, is_import_line
+
+
+@dataclass(frozen=True)
+class HelperSource:
+    imports: tuple[tuple[str, str | None], ...]  # (module, name): `from module import name`, name None: `import module`
+    definitions: tuple[cst.BaseStatement, ...]
+
+
+@cache
+def helper_source(name: str) -> HelperSource:
+    module = cst.parse_module(resources.files(__package__).joinpath(f"{name}.py").read_text(encoding="utf-8"))
+    imports, definitions = [], []
+    for index, statement in enumerate(module.body):
+        if index == 0 and is_docstring(statement):
+            continue
+        if is_import_line(statement):
+            for imp in statement.body:
+                if isinstance(imp, cst.ImportFrom):
+                    imports.extend((dotted(imp.module), dotted(alias.name)) for alias in imp.names)
+                else:
+                    imports.extend((dotted(alias.name), None) for alias in imp.names)
+            continue
+        definitions.append(statement)
+    definitions[0] = definitions[0].with_changes(leading_lines=[])
+    return HelperSource(tuple(imports), tuple(definitions))
+
+
+class _Rename(cst.CSTTransformer):
+    """Names bound by the helper's imports, renamed to what the file imports them as."""
+
+    def __init__(self, renames: dict[str, str]) -> None:
+        super().__init__()
+        self.renames = renames
+
+    def leave_Attribute(self, original, updated):
+        return updated.with_changes(attr=original.attr)  # `x.name`: only `x` is a use of a name
+
+    def leave_Arg(self, original, updated):
+        return updated.with_changes(keyword=original.keyword)  # `f(name=...)` neither
+
+    def leave_Name(self, original, updated):
+        return updated.with_changes(value=self.renames.get(updated.value, updated.value))
+
+
+def renamed(definitions, renames: dict[str, str]) -> list[cst.BaseStatement]:
+    if not renames:
+        return list(definitions)
+    return [statement.visit(_Rename(renames)) for statement in definitions]

@@ -1,0 +1,120 @@
+"""The `checkpoints` check: what both versions saved, read through convert-ckpt's readers and compared by FQN.
+
+FSDP1 saves its FULL_STATE_DICT form (`{"model": {fqn: tensor}, "optimizer":
+FSDP.optim_state_dict(...)}` with torch.save), FSDP2 the same through
+`get_model_state_dict`/`get_optimizer_state_dict`, or a DCP directory;
+convert-ckpt reads every one of these (and safetensors) into model and
+optimizer state keyed by FQN, so the two compare entry by entry whatever
+form each version chose. Where the setting is exact every tensor must be
+bit-identical; elsewhere a floating-point tensor may differ by the relative
+bound the parameter norm has after the last update (tolerance.norm_rtol),
+measured as |a - b| / |a| over the whole tensor. Files that hold no tensors
+(the other ranks' files under rank0_only) compare equal when both are empty.
+An old file that has no FQN view (FSDP1's LOCAL or SHARDED_STATE_DICT) is
+not compared, and says so; a new file that cannot be read where the old one
+could fails the check.
+"""
+
+from migrate_fsdp.verify import tolerance
+from migrate_fsdp.verify.compare import Check
+from migrate_fsdp.verify.saves import saved_paths
+
+NAME = "checkpoints"
+_LISTED = 3  # problems quoted in the summary
+
+
+def _state(path: str):
+    """{"model": ..., "optimizer": ...} of a saved checkpoint, or None when it holds no tensors."""
+    from migrate_fsdp.convert_ckpt.detect import read_source
+    from migrate_fsdp.convert_ckpt.structure import discover, has_tensor
+
+    tree = read_source(path, allow_unsafe=False).tree
+    if not has_tensor(tree):
+        return None
+    found = discover(tree, path)
+    optimizer = dict(found.optimizer or {})
+    if optimizer:
+        # State is keyed by FQN, so a group's FQN list is a set: FSDP1 lists it in flat-parameter order.
+        optimizer["param_groups"] = [{**group, "params": sorted(group["params"])} for group in optimizer["param_groups"]]
+    return {"model": found.model or {}, "optimizer": optimizer, "extras": found.extras}
+
+
+def _relative_gap(old, new) -> float:
+    import torch
+
+    a, b = (torch.from_numpy(ref.array().copy()).view(getattr(torch, ref.dtype.name)).double() for ref in (old, new))
+    scale = torch.linalg.vector_norm(a).item()
+    gap = torch.linalg.vector_norm(a - b).item()
+    return gap / scale if scale else gap
+
+
+def _compare_states(old: dict, new: dict, rtol: float | None, where: str) -> tuple[list, float]:
+    """(problems, largest relative gap) between two states; rtol None: bit for bit."""
+    from migrate_fsdp.convert_ckpt.flatten import flatten
+    from migrate_fsdp.convert_ckpt.tensors import TensorRef
+    from migrate_fsdp.convert_ckpt.verify import compare_trees
+
+    if rtol is None:
+        return compare_trees(old, new, where), 0.0
+    want = {key: value for key, _, value in flatten(old)}
+    got = {key: value for key, _, value in flatten(new)}
+    exact_old = {k: v for k, v in want.items() if not (isinstance(v, TensorRef) and v.dtype.floating)}
+    exact_new = {k: v for k, v in got.items() if not (isinstance(v, TensorRef) and v.dtype.floating)}
+    problems = [p for p in compare_trees(exact_old, exact_new, where) if not p.endswith((": missing", ": unexpected"))]
+    problems += [f"{where}: {key}: missing" for key in want if key not in got]
+    problems += [f"{where}: {key}: unexpected" for key in got if key not in want]
+    worst = 0.0
+    for key in sorted(want.keys() & got.keys() - exact_old.keys()):
+        a, b = want[key], got[key]
+        if not isinstance(b, TensorRef) or (a.dtype, a.shape) != (b.dtype, b.shape):
+            problems.append(f"{where}: {key}: not a tensor of the same dtype and shape")
+            continue
+        gap = _relative_gap(a, b)
+        worst = max(worst, gap)
+        if gap > rtol:
+            problems.append(f"{where}: {key}: relative diff {gap:.3g} > {rtol:.3g}")
+    return sorted(problems), worst
+
+
+def check_checkpoints(old_run, new_run, old_places: dict, setting, steps: int) -> Check | None:
+    """Compare what the versions saved; None when neither saved anything."""
+    from migrate_fsdp.convert_ckpt.errors import ConvertError
+
+    old_saved, new_saved = saved_paths(old_run), saved_paths(new_run)
+    if not old_saved and not new_saved:
+        return None
+    if len(old_saved) != len(new_saved):
+        return Check(NAME, False, f"old saved {len(old_saved)} checkpoint(s), new saved {len(new_saved)}")
+    same_paths = [p for _, p in old_saved] == [p for _, p in new_saved]
+    rtol = None  # bit for bit
+    problems, unread, compared, worst = [], [], 0, 0.0
+    for (_, old_path), (_, new_path) in zip(old_saved, new_saved):
+        where = old_path if same_paths else f"{old_path} vs {new_path}"
+        try:
+            old = _state(str(old_places.get(old_path, old_path)))
+        except ConvertError as exc:  # an FSDP1 form with no FQN view (LOCAL/SHARDED_STATE_DICT): nothing to hold to
+            unread.append(f"{where} ({exc})")
+            continue
+        try:
+            new = _state(new_path)
+        except ConvertError as exc:  # the old version's file was readable: the new one's must be too
+            problems.append(f"{where}: the new version's file cannot be read as the old one's could: {exc}")
+            continue
+        compared += 1
+        if old is None or new is None:
+            if old is not new:
+                problems.append(f"{where}: {'old' if old is None else 'new'} holds no tensors, the other does")
+            continue
+        if not setting.exact:
+            numel = sum(ref.numel for ref in old["model"].values() if hasattr(ref, "numel"))
+            rtol = tolerance.norm_rtol(setting, max(steps - 1, 0), numel)
+        found, gap = _compare_states(old, new, rtol, where)
+        problems += found
+        worst = max(worst, gap)
+    not_read = f"; not compared: {'; '.join(unread)}" if unread else ""
+    if problems:
+        listed = "; ".join(problems[:_LISTED]) + (f"; and {len(problems) - _LISTED} more" if len(problems) > _LISTED
+                                                  else "")
+        return Check(NAME, False, f"{len(problems)} difference(s): {listed}{not_read}")
+    how = "bit-identical" if setting.exact else f"within tolerance (largest relative diff {worst:.3g})"
+    return Check(NAME, True, f"{compared} saved file(s) compared by FQN, model and optimizer state {how}{not_read}")

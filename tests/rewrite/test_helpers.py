@@ -1,0 +1,89 @@
+"""The helper functions the rewrite inserts (migrate_fsdp/rewrite/helpers/): short, torch-only, no
+private FSDP API, each as good as the FSDP1 code it stands for. Their use in rewritten training code is
+tested in test_training_helpers.py and the runnable tests; here each is imported as the module it is."""
+
+import importlib
+from importlib import resources
+
+import libcst as cst
+import pytest
+import torch
+from torch import nn
+from torch.distributed.fsdp.wrap import CustomPolicy, size_based_auto_wrap_policy
+
+from migrate_fsdp.rewrite.helpers import helper_source
+
+NAMES = sorted(
+    path.name.removesuffix(".py")
+    for path in resources.files("migrate_fsdp.rewrite.helpers").iterdir()
+    if path.name.endswith(".py") and path.name != "__init__.py"
+)
+
+
+def helper(name):
+    return getattr(importlib.import_module(f"migrate_fsdp.rewrite.helpers.{name}"), name)
+
+
+def test_the_rewrite_uses_every_helper_file():
+    from migrate_fsdp.rewrite.rules.construction import auto_wrap_policy, forward_prefetch, mesh
+    from migrate_fsdp.rewrite.rules.training import clip_grad_norm, fsdp_modules, no_sync, state_dicts
+
+    used = {
+        auto_wrap_policy.TARGETS_HELPER,
+        auto_wrap_policy.SIZE_HELPER,
+        auto_wrap_policy.OR_HELPER,
+        forward_prefetch.HELPER,
+        mesh.SHARDING_HELPER,
+        clip_grad_norm.HELPER_NAME,
+        fsdp_modules.HELPER_NAME,
+        no_sync.HELPER_NAME,
+        state_dicts.GATHER_HELPER_NAME,
+    }
+    assert used == set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_helper_defines_its_function_and_imports_only_torch(name):
+    source = helper_source(name)
+    assert [d.name.value for d in source.definitions if isinstance(d, cst.FunctionDef)] == [name]
+    assert all(module == "torch" or module.startswith("torch.") or module == "contextlib" for module, _ in source.imports)
+    code = cst.Module(list(source.definitions)).code
+    assert "_run_policy" not in code and "torch.distributed.fsdp._" not in code
+    assert len(code.splitlines()) <= 40
+
+
+@pytest.mark.parametrize("leaves", [None, set(), {nn.Linear}])
+@pytest.mark.parametrize("excluded", [None, set(), {nn.Sequential}])
+def test_size_based_policy_answers_as_fsdp1s(leaves, excluded):
+    ours = helper("_size_based_auto_wrap_policy")
+    modules = [nn.Linear(2, 2), nn.MultiheadAttention(4, 2), nn.ModuleList(), nn.Sequential(), nn.LayerNorm(3)]
+    for module in modules:
+        for recurse in (True, False):
+            for numel in (10, 10**9):
+                options = {"min_num_params": 100, "force_leaf_modules": leaves, "exclude_wrap_modules": excluded}
+                expected = size_based_auto_wrap_policy(module, recurse, numel, **options)
+                assert ours(module, recurse, numel, **options) == expected, (module, recurse, numel)
+
+
+def test_wrap_targets_refuses_a_custom_policy_at_run_time():
+    with pytest.raises(NotImplementedError, match="CustomPolicy"):
+        helper("_fsdp1_wrap_targets")(nn.Sequential(nn.Linear(2, 2)), CustomPolicy(lambda m: True))
+
+
+def test_root_modules_stops_at_the_outermost_fsdp_modules():
+    from torch.distributed.fsdp import FSDPModule
+
+    def sharded():  # as fully_shard marks a module, without a process group
+        module = nn.Linear(2, 2)
+        module.__class__ = type("FSDPLinear", (FSDPModule, nn.Linear), {})
+        return module
+
+    inner, outer = sharded(), sharded()
+    outer.add_module("inner", inner)
+    model = nn.Sequential(nn.ReLU(), outer, nn.Sequential(sharded()))
+    assert helper("fsdp2_root_modules")(model) == [outer, model[2][0]]
+
+
+def test_full_state_dict_offloads_and_keeps_nesting():
+    state = {"w": torch.ones(2), "groups": [{"lr": 0.1}]}
+    assert helper("fsdp2_full_state_dict")(state, offload_to_cpu=True, rank0_only=False) == state

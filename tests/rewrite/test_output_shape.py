@@ -1,0 +1,197 @@
+"""What the engine does to a file around the rules: imports where the FSDP1 ones were, nothing
+imported that is not used, no block left with nothing in it. Whole files in, whole files out."""
+
+import textwrap
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.api import rewrite_source
+
+
+def rewrite(source: str) -> str:
+    result = rewrite_source(textwrap.dedent(source), "m.py")
+    cst.parse_module(result.new_source)
+    assert rewrite_source(result.new_source, "m.py").new_source == result.new_source, "not a fixed point"
+    return result.code
+
+
+def test_fsdp2_imports_go_into_the_guard_the_fsdp1_imports_were_in():
+    assert rewrite(
+        """\
+        import torch
+
+        try:
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        except ImportError:
+            FSDP = None
+
+        if torch.__version__ >= "2.0":
+            from torch.distributed.fsdp import MixedPrecision
+
+
+        def wrap(model):
+            return FSDP(model, mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
+        """
+    ) == textwrap.dedent(
+        """\
+        import torch
+
+        try:
+            from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+        except ImportError:
+            FSDP = None
+
+
+        def wrap(model):
+            return fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+        """
+    )
+
+
+def test_type_checking_imports_stay_while_string_annotations_use_them():
+    source = """\
+        from typing import TYPE_CHECKING
+
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        if TYPE_CHECKING:
+            from torch.distributed.fsdp import ShardingStrategy
+
+
+        def wrap(model, strategy: "ShardingStrategy"):
+            return FSDP(model)
+        """
+    assert rewrite(source) == textwrap.dedent(source).replace(
+        "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP", "from torch.distributed.fsdp import fully_shard"
+    ).replace("return FSDP(model)", "return fully_shard(model)")
+
+
+def test_imports_whose_last_use_went_go_too_with_their_blank_line():
+    assert rewrite(
+        """\
+        import functools
+
+        import torch.nn as nn
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+
+        def wrap(model):
+            policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={nn.TransformerEncoderLayer})
+            return FSDP(model, auto_wrap_policy=policy)
+        """
+    ).startswith("import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n\ndef wrap(model):\n")
+
+
+def test_a_loop_or_branch_left_empty_goes_whole_its_comments_stay():
+    assert rewrite(
+        """\
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import StateDictType
+
+
+        def save(models, model, full):
+            for each in models:
+                FSDP.set_state_dict_type(each, StateDictType.FULL_STATE_DICT)
+            if full:
+                # the full one
+                FSDP.set_state_dict_type(model, StateDictType.FULL_STATE_DICT)
+            print("saving")
+        """
+    ) == textwrap.dedent(
+        """\
+        def save(models, model, full):
+            # the full one
+            print("saving")
+        """
+    )
+
+
+def test_a_users_own_pass_stays():
+    source = """\
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+
+        def wrap(model, ready):
+            if ready:
+                pass
+            return FSDP(model)
+        """
+    assert "    if ready:\n        pass\n" in rewrite(source)
+
+
+def test_comments_of_dropped_names_go_with_them_and_an_added_name_takes_none():
+    assert rewrite(
+        """\
+        from torch.distributed.fsdp import (
+            FullyShardedDataParallel as FSDP,
+            StateDictType,  # the type
+            LocalStateDictConfig,  # flattened params
+            # ShardedStateDictConfig, # not used
+        )
+
+
+        def is_wrapped(model):
+            return isinstance(model, FSDP)
+        """
+    ).startswith(
+        textwrap.dedent(
+            """\
+            from torch.distributed.fsdp import (
+                FSDPModule,
+                # ShardedStateDictConfig, # not used
+            )
+            """
+        )
+    )
+
+
+def test_a_removed_statements_comment_keeps_its_blank_lines():
+    code = rewrite(
+        """\
+        from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+
+        def helper():
+            return 1
+
+
+        # made once, used by every save
+        policy = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+
+
+        def save(model):
+            with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, policy):
+                return model.state_dict()
+        """
+    )
+    assert "return 1\n\n\n# made once, used by every save\n\n\ndef save(model):" in code
+
+
+def test_a_function_importing_a_name_itself_gets_the_fsdp2_import_where_its_fsdp1_ones_were():
+    code = rewrite(
+        """\
+        class Saver:
+            def state_dict(self, model, fsdp2, kind):
+                if fsdp2:
+                    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+                    state_dict = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+                elif kind == DistributedType.FSDP:
+                    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+                    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+                    config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+                    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
+                        state_dict = model.state_dict()
+                return state_dict
+        """
+    )
+    # `get_model_state_dict` is a local of the method throughout: a module-level import would not reach it
+    assert code.startswith("class Saver:\n")
+    assert (
+        "        elif kind == DistributedType.FSDP:\n"
+        "            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict\n"
+        "            state_dict = get_model_state_dict("
+    ) in code
