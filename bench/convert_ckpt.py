@@ -11,8 +11,9 @@ FULL_STATE_DICT + FSDP.optim_state_dict saves it), then times, in interleaved ro
 each from a cold page cache where possible (sync, then /proc/sys/vm/drop_caches when writable, else
 posix_fadvise(DONTNEED) on the source), sampling the RssAnon of the whole process tree every 5 ms (ru_maxrss
 would count the file pages of the source, which the kernel can drop at will). A last run of convert-ckpt on a
-checkpoint a quarter the size shows whether its memory stays flat as the checkpoint grows. Prints medians,
-ratios against the goals, and removes every file it wrote.
+checkpoint a quarter the size shows whether its memory stays flat as the checkpoint grows, and a checkpoint of
+--tiny tensors of 4 floats each (default 100,000) whether it stays flat in the number of tensors too, beside
+torch_to_dcp (torch.load + dcp.save). Prints medians, ratios against the goals, and removes every file it wrote.
 """
 
 import argparse
@@ -26,6 +27,7 @@ import threading
 import time
 
 GOAL_VS_COPY, GOAL_VS_TORCH, GOAL_ANON_MB = 1.5, 0.4, 256
+GOAL_TINY_MB = 128  # for 100,000 tiny tensors
 
 
 def make_checkpoint(path: str, gigabytes: float) -> tuple[int, int]:
@@ -51,6 +53,13 @@ def make_checkpoint(path: str, gigabytes: float) -> tuple[int, int]:
     }
     torch.save({"model": model, "optimizer": optimizer, "epoch": 3, "rng_state": torch.get_rng_state()}, path)
     return rows * cols * 4, len(model) * 4 + 1
+
+
+def make_tiny_checkpoint(path: str, tensors: int) -> None:
+    """A model of `tensors` tensors of 4 floats: the shape where per-tensor costs dominate."""
+    import torch
+
+    torch.save({"model": {f"layers.{i}.weight": torch.full((4,), float(i)) for i in range(tensors)}, "epoch": 1}, path)
 
 
 def cold_cache(source: str) -> str:
@@ -126,6 +135,7 @@ def main():
     parser.add_argument("--gb", type=float, default=2.0, help="checkpoint size (default 2)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds, medians reported (default 3)")
     parser.add_argument("--dir", default=None, help="where the temporary checkpoints go (default: the system temp dir)")
+    parser.add_argument("--tiny", type=int, default=100_000, help="tensors of the many-tiny-tensors shape (0: skip)")
     args = parser.parse_args()
 
     work = tempfile.mkdtemp(prefix="convert-ckpt-bench-", dir=args.dir)
@@ -171,6 +181,18 @@ def run(work: str, args) -> None:
     cold_cache(small)
     small_run = timed([python, "-m", "migrate_fsdp", "convert-ckpt", small, os.path.join(work, "small-out"), "-q"])
     _remove(os.path.join(work, "small-out"))
+    tiny = {}
+    if args.tiny:
+        print(f"{args.tiny} tiny tensors, to see memory stay flat in their number ...", flush=True)
+        tiny_source = os.path.join(work, "tiny.pt")
+        make_tiny_checkpoint(tiny_source, args.tiny)
+        for name in ("torch_to_dcp", "convert-ckpt"):
+            command = [python, "-m", "torch.distributed.checkpoint.format_utils", "torch_to_dcp"]
+            if name == "convert-ckpt":
+                command = [python, "-m", "migrate_fsdp", "convert-ckpt", "-q"]
+            cold_cache(tiny_source)
+            tiny[name] = timed([*command, tiny_source, os.path.join(work, "tiny-out")])
+            _remove(os.path.join(work, "tiny-out"))
 
     wall = {name: statistics.median(r[0] for r in runs) for name, runs in results.items()}
     anon = {name: max(r[1] for r in runs) for name, runs in results.items()}
@@ -195,6 +217,13 @@ def run(work: str, args) -> None:
         f"  at a quarter of the size  = {small_run[1]:.0f} MB ({os.path.getsize(small) / 1e9:.2f} GB checkpoint, "
         f"largest tensor {small_largest / 2**20:.0f} MB, {small_run[0]:.2f} s)"
     )
+    if tiny:
+        print()
+        print(f"{args.tiny} tensors of 4 floats each")
+        print(f"{'':14}{'wall s':>9}{'peak RssAnon MB':>18}")
+        for name, (seconds, peak) in tiny.items():
+            print(f"{name:14}{seconds:9.2f}{peak:18.0f}")
+        print(f"convert-ckpt peak RssAnon   = {tiny['convert-ckpt'][1]:.0f} MB  (goal <= {GOAL_TINY_MB} MB at 100,000)")
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def _plan(options: Options, err):
             "note: no model or optimizer state found; converting the structure as it is (keys not renamed, "
             "no loading snippet); name them with --model-key / --optim-key\n"
         )
-    return source, plan, sharded_tensor_ids(model, optimizer)
+    return source, plan, sharded_tensor_ids(model, optimizer) if options.shards > 1 else set()
 
 
 def convert(options: Options, out=None, err=None) -> None:

@@ -44,8 +44,7 @@ def tensor_entry(dtype, size, chunks) -> NewObj:
     )
 
 
-def bytes_entry() -> NewObj:
-    return NewObj(_BYTES_MD, None)
+BYTES_ENTRY = NewObj(_BYTES_MD, None)  # BytesStorageMetadata: no fields
 
 
 def storage_key(fqn: str, offsets=None, index=None) -> NewObj:

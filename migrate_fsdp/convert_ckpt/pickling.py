@@ -55,6 +55,17 @@ class NewObj:
     state: object
 
 
+class DeferredDict:
+    """A dict pickled from `items()` as they are generated, never built whole: DCP metadata is a dozen small objects
+    per tensor, and a checkpoint of a million tiny tensors must not hold them all at once (with `memo_globals_only`,
+    each is freed as soon as it is written)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items):
+        self.items = items  # a function returning an iterator of (key, value)
+
+
 TORCH_UTILS = "torch._utils"
 
 
@@ -81,10 +92,18 @@ class Pickler(pickle._Pickler):
 
     dispatch = pickle._Pickler.dispatch.copy()
 
-    def __init__(self, file, protocol=2):
+    def __init__(self, file, protocol=2, memo_globals_only=False):
         super().__init__(file, protocol=protocol)
         self.storages: list[StorageSlot] = []
         self._by_identity: dict = {}
+        # The memo keeps every object it has seen alive, a few hundred bytes each: for DCP metadata, dozens of small
+        # objects per tensor. There nothing needs sharing but the class names, memoised by value instead.
+        self._memo_globals_only = memo_globals_only
+        self._globals: dict[GlobalRef, int] = {}
+
+    def memoize(self, obj):
+        if not self._memo_globals_only or isinstance(obj, GlobalRef):
+            super().memoize(obj)
 
     def save(self, obj, save_persistent_id=True):
         if isinstance(obj, TensorRef):
@@ -119,12 +138,17 @@ class Pickler(pickle._Pickler):
     def save_global(self, obj, name=None):
         if not isinstance(obj, GlobalRef):
             return super().save_global(obj, name)
+        if obj in self._globals:
+            self.write(self.get(self._globals[obj]))
+            return
         if self.proto >= 4:
             self.save(obj.module)
             self.save(obj.name)
             self.write(pickle.STACK_GLOBAL)
         else:
             self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode("utf-8"))
+        if self._memo_globals_only:
+            self._globals[obj] = len(self.memo)
         self.memoize(obj)
 
     dispatch[GlobalRef] = save_global
@@ -149,6 +173,23 @@ class Pickler(pickle._Pickler):
             self.write(pickle.BUILD)
 
     dispatch[NewObj] = _save_newobj
+
+    def _save_deferred_dict(self, obj: DeferredDict):
+        self.write(pickle.EMPTY_DICT)
+        batch = 0
+        for key, value in obj.items():
+            if batch == 0:
+                self.write(pickle.MARK)
+            self.save(key)
+            self.save(value)
+            batch += 1
+            if batch == self._BATCHSIZE:
+                self.write(pickle.SETITEMS)
+                batch = 0
+        if batch:
+            self.write(pickle.SETITEMS)
+
+    dispatch[DeferredDict] = _save_deferred_dict
 
 
 def dumps(obj, protocol=2) -> tuple[bytes, list[StorageSlot]]:

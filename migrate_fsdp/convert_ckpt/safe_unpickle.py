@@ -70,12 +70,16 @@ _PUT_OPS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
 
 def scan_globals(data: bytes, what: str) -> tuple[set[str], set[str]]:
-    """The globals a pickle names and the strings it holds, read from its opcodes without running it.
+    """The globals a pickle names and the strings it holds that name flat parameters, read from its opcodes without
+    running it.
 
     STACK_GLOBAL takes its module and name from the two strings pushed just
-    before it, fresh or fetched from the memo, so the memo is tracked for strings.
+    before it, fresh or fetched from the memo, so the memo is tracked for strings
+    (only for strings: a pickle of a million tensors memoises millions of objects).
     """
-    names, strings, pushed, memo = set(), set(), [], {}
+    names, flat_params, memo = set(), set(), {}
+    pushed: tuple = (None, None)  # the last two strings pushed
+    memoised = 0  # MEMOIZE's implicit index
     last = None  # the string the previous opcode pushed, if it pushed one
     try:
         for opcode, arg, _ in pickletools.genops(data):
@@ -84,32 +88,36 @@ def scan_globals(data: bytes, what: str) -> tuple[set[str], set[str]]:
                 names.add(".".join(canonical(*arg.split(" ", 1))))
                 last = None
             elif op == "STACK_GLOBAL":
-                if len(pushed) >= 2:
-                    names.add(".".join(canonical(pushed[-2], pushed[-1])))
+                if pushed[0] is not None:
+                    names.add(".".join(canonical(*pushed)))
                 last = None
             elif op in _STRING_OPS:
                 last = arg if isinstance(arg, str) else arg.decode("latin-1")
-                strings.add(last)
-                pushed.append(last)
+                if last.endswith("flat_param"):
+                    flat_params.add(last)
+                pushed = (pushed[1], last)
             elif op in _GET_OPS:
                 last = memo.get(arg)
                 if last is not None:
-                    pushed.append(last)
+                    pushed = (pushed[1], last)
             elif op in _PUT_OPS:
-                memo[arg] = last
+                if last is not None:
+                    memo[arg] = last
             elif op == "MEMOIZE":
-                memo[len(memo)] = last
+                if last is not None:
+                    memo[memoised] = last
+                memoised += 1
             elif op not in ("FRAME", "PROTO"):
                 last = None
     except ValueError as error:
         raise ConvertError(f"{what} is truncated or corrupt: {error}") from None
-    return names, strings
+    return names, flat_params
 
 
-def refuse_non_full(names: set[str], strings: set[str], what: str) -> None:
+def refuse_non_full(names: set[str], flat_params: set[str], what: str) -> None:
     """Refuse the checkpoints that are not FULL_STATE_DICT, recognised by the globals they name."""
     if any(n.startswith(SHARDED_TENSOR) for n in names):
-        if any(s.endswith("flat_param") for s in strings):
+        if flat_params:
             raise Refused(
                 f"{what} is an FSDP1 LOCAL_STATE_DICT (1-D flat-parameter shards of one rank): it cannot be "
                 "unflattened without the FSDP1 model; load it into the FSDP1 model and save a FULL_STATE_DICT, "
@@ -308,9 +316,9 @@ def vet_pickle(data: bytes, what: str, allow_unsafe: bool = False, extra_globals
     (the DCP metadata classes); such a pickle is metadata, not a checkpoint, and
     is not classified.
     """
-    names, strings = scan_globals(data, what)
+    names, flat_params = scan_globals(data, what)
     if extra_globals is None:
-        refuse_non_full(names, strings, what)
+        refuse_non_full(names, flat_params, what)
     check_allowed(names, allow_unsafe, what, {f"{m}.{n}" for m, n in (extra_globals or {})})
 
 

@@ -76,11 +76,10 @@ def discover(tree, what: str, model_key: str | None = None, optim_key: str | Non
             "(and the optimizer state) in a dict instead of the object itself"
         )
     checkpoint = Checkpoint(root=tree)
+    empty = [] if model_key or optim_key else _empty_entries(tree)
     _find_optimizer(checkpoint, tree, what, optim_key)
-    _refuse_raw_optimizer(checkpoint.optimizer, what)
-    if not model_key and not optim_key:
-        _refuse_empty_entries(tree, what)
-    _find_model(checkpoint, tree, what, model_key)
+    if not empty:  # else the top level's tensors (an RNG state) are no model: the file is refused below
+        _find_model(checkpoint, tree, what, model_key)
     if checkpoint.optim_flat:
         checkpoint.optimizer = unflatten_optim(checkpoint.optimizer, checkpoint.model or ())
     top = {
@@ -91,6 +90,8 @@ def discover(tree, what: str, model_key: str | None = None, optim_key: str | Non
     if checkpoint.optim_path != ():
         checkpoint.extras = {k: v for k, v in tree.items() if k not in top and k not in model_entries}
     _refuse(checkpoint, what)
+    if empty:
+        raise _empty_refusal(what, f" under {empty[0]!r}")
     return checkpoint
 
 
@@ -141,33 +142,10 @@ def _empty_refusal(what: str, where: str = "") -> Refused:
     )
 
 
-def _refuse_empty_entries(tree: Mapping, what):
-    """A rank>0 file of a rank0_only save: `{"model": {}, "optimizer": {}}` plus whatever else the loop saved
-    (epoch, RNG state). Without this the RNG tensor at the top would be taken for the model."""
-    for key in MODEL_KEYS + OPTIM_KEYS:
-        value = tree.get(key)
-        if isinstance(value, Mapping) and not value:
-            raise _empty_refusal(what, f" under {key!r}")
-
-
-def _refuse_raw_optimizer(optimizer, what):
-    """Checked before empty entries: a rank>0 file of a rank0_only save that also holds the raw optimizer state is
-    refused for the optimizer, the mistake that needs fixing in the training script."""
-    if optimizer is None or not is_nested_optim(optimizer):
-        return
-    ids = [k for k in optimizer[STATE] if not isinstance(k, str)] + [
-        p
-        for group in optimizer[PARAM_GROUPS]
-        if isinstance(group, Mapping)
-        for p in group.get(PARAMS, ())
-        if not isinstance(p, str)
-    ]
-    if ids:
-        raise Refused(
-            f"{what} holds a raw optimizer.state_dict() (state keyed by integer ids; under FSDP1 these are flat, "
-            "sharded tensors): save FSDP.optim_state_dict(model, optimizer) under StateDictType.FULL_STATE_DICT "
-            "instead"
-        )
+def _empty_entries(tree: Mapping) -> list[str]:
+    """The model and optimizer entries that are empty: a rank>0 file of a rank0_only save is `{"model": {},
+    "optimizer": {}}` plus whatever else the loop saved (epoch, RNG state), which is no model."""
+    return [key for key in MODEL_KEYS + OPTIM_KEYS if isinstance(tree.get(key), Mapping) and not tree[key]]
 
 
 def _refuse(checkpoint: Checkpoint, what):
@@ -182,6 +160,20 @@ def _refuse(checkpoint: Checkpoint, what):
             f"{what} holds FSDP1 flat parameters ({flat_params[0]}): a LOCAL_STATE_DICT cannot be unflattened "
             "without the FSDP1 model; load it there and save a FULL_STATE_DICT"
         )
+    if optimizer is not None:
+        ids = [k for k in optimizer[STATE] if not isinstance(k, str)] + [
+            p
+            for group in optimizer[PARAM_GROUPS]
+            if isinstance(group, Mapping)
+            for p in group.get(PARAMS, ())
+            if not isinstance(p, str)
+        ]
+        if ids:
+            raise Refused(
+                f"{what} holds a raw optimizer.state_dict() (state keyed by integer ids; under FSDP1 these are flat, "
+                "sharded tensors): save FSDP.optim_state_dict(model, optimizer) under StateDictType.FULL_STATE_DICT "
+                "instead"
+            )
 
 
 def unflatten_optim(flat: Mapping, param_names) -> dict:

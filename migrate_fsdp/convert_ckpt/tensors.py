@@ -38,6 +38,7 @@ def contiguous_strides(shape) -> tuple[int, ...]:
 
 
 class TensorRef:
+    __slots__ = ()  # a checkpoint may hold a million tensors: no per-instance dict where the subclasses avoid one
     dtype: DType
     shape: tuple[int, ...]
 
@@ -83,6 +84,8 @@ def read_segment(segment: Segment) -> memoryview:
 class FileStorage:
     """The bytes of one storage: a range of a file."""
 
+    __slots__ = ("path", "offset", "nbytes")
+
     def __init__(self, path: str, offset: int, nbytes: int):
         self.path, self.offset, self.nbytes = path, offset, nbytes
 
@@ -123,6 +126,8 @@ class BufferStorage:
 
 class StoredTensor(TensorRef):
     """A strided view of a storage, as torch.save records it."""
+
+    __slots__ = ("dtype", "shape", "storage", "storage_offset", "stride")
 
     def __init__(self, dtype: DType, shape, storage, storage_offset: int = 0, stride=None):
         self.dtype, self.shape = dtype, tuple(int(s) for s in shape)

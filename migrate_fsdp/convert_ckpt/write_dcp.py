@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from migrate_fsdp.convert_ckpt import dcp_format
 from migrate_fsdp.convert_ckpt.fileio import OutputFile
 from migrate_fsdp.convert_ckpt.flatten import flatten
-from migrate_fsdp.convert_ckpt.pickling import dumps
+from migrate_fsdp.convert_ckpt.pickling import DeferredDict, Pickler
 from migrate_fsdp.convert_ckpt.tensors import RowSlice, TensorRef
 from migrate_fsdp.convert_ckpt.write_torch import write_archive
 
@@ -36,42 +36,70 @@ def _file_name(rank: int) -> str:
     return f"__{rank}_0.distcp"
 
 
+# What is kept per flat key until `.metadata` is written, as one tuple (a checkpoint may hold a million tensors):
+# (key, dtype, shape, file, start, length) for a tensor stored whole, (key, None, None, file, start, length) for a
+# non-tensor value, (key, dtype, shape, chunks) for a tensor stored as chunks (offsets, sizes, file, start, length).
+
+
+def _chunks(record: tuple) -> tuple:
+    if len(record) == 4:
+        return record[3]
+    _, _, shape, file, start, length = record
+    return (((0,) * len(shape), shape, file, start, length),)
+
+
+def _entries(records: list):
+    for record in records:
+        key, dtype, shape = record[:3]
+        if dtype is None:
+            yield key, dcp_format.BYTES_ENTRY
+        else:
+            yield key, dcp_format.tensor_entry(dtype, shape, [chunk[:2] for chunk in _chunks(record)])
+
+
+def _storage(records: list):
+    for record in records:
+        key, dtype = record[:2]
+        if dtype is None:
+            yield dcp_format.storage_key(key), dcp_format.storage_info(*record[3:])
+            continue
+        for index, (offsets, _, file, start, length) in enumerate(_chunks(record)):
+            yield dcp_format.storage_key(key, offsets, index), dcp_format.storage_info(file, start, length)
+
+
 def write_dcp(tree: dict, directory: str, checkpoint_id: str, on_bytes, shards: int = 1, sharded=lambda value: False):
     """Write `tree` as DCP into `directory`; `sharded(tensor)` says which tensors FSDP2 shards."""
-    files: dict[int, OutputFile] = {}
-    entries, planner_data, storage_data = {}, {}, {}
+    files: dict[int, tuple[str, OutputFile]] = {}
+    planner_data, records = {}, []
     with ExitStack() as stack:
 
-        def write_blob(rank: int, obj):
+        def write_blob(rank: int, obj) -> tuple:
             if rank not in files:
-                path = os.path.join(directory, _file_name(rank))
-                files[rank] = stack.enter_context(OutputFile(path, on_bytes))
-            out = files[rank]
+                name = _file_name(rank)
+                files[rank] = (name, stack.enter_context(OutputFile(os.path.join(directory, name), on_bytes)))
+            name, out = files[rank]
             start = out.position
             write_archive(out, obj)
-            return dcp_format.storage_info(_file_name(rank), start, out.position - start)
+            return name, start, out.position - start
 
         for key, path, value in flatten(tree):
             planner_data[key] = path
             if not isinstance(value, TensorRef):
-                entries[key] = dcp_format.bytes_entry()
-                storage_data[dcp_format.storage_key(key)] = write_blob(0, value)
+                records.append((key, None, None, *write_blob(0, value)))
                 continue
             ranges = fsdp2_row_chunks(value.shape[0], shards) if shards > 1 and value.shape and sharded(value) else []
-            chunks = []
             if len(ranges) > 1:
+                chunks = []
                 for rank, rows in enumerate(ranges):
                     offsets = (rows[0],) + (0,) * (len(value.shape) - 1)
-                    info = write_blob(rank, RowSlice(value, rows))
-                    storage_data[dcp_format.storage_key(key, offsets, len(chunks))] = info
-                    chunks.append((offsets, (rows[1] - rows[0], *value.shape[1:])))
+                    sizes = (rows[1] - rows[0], *value.shape[1:])
+                    chunks.append((offsets, sizes, *write_blob(rank, RowSlice(value, rows))))
+                records.append((key, value.dtype, value.shape, tuple(chunks)))
             else:
-                offsets = (0,) * len(value.shape)
-                storage_data[dcp_format.storage_key(key, offsets, 0)] = write_blob(0, value)
-                chunks.append((offsets, value.shape))
-            entries[key] = dcp_format.tensor_entry(value.dtype, value.shape, chunks)
+                records.append((key, value.dtype, value.shape, *write_blob(0, value)))
         if not files:  # DCP always has a data file, even for an empty state dict
             stack.enter_context(OutputFile(os.path.join(directory, _file_name(0))))
-    data, _ = dumps(dcp_format.metadata(entries, planner_data, storage_data, checkpoint_id), protocol=4)
-    with OutputFile(os.path.join(directory, dcp_format.METADATA_FILE)) as metadata_file:
-        metadata_file.write(data)
+    with OutputFile(os.path.join(directory, dcp_format.METADATA_FILE)) as metadata_file:  # streamed, not built
+        entries, storage = DeferredDict(lambda: _entries(records)), DeferredDict(lambda: _storage(records))
+        metadata = dcp_format.metadata(entries, planner_data, storage, checkpoint_id)
+        Pickler(metadata_file, protocol=4, memo_globals_only=True).dump(metadata)

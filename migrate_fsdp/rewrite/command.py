@@ -1,19 +1,24 @@
 """`migrate-fsdp rewrite`: the command line of the codemod."""
 
+import signal
 import sys
 
 import click
 
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _codes(values: tuple[str, ...]) -> list[str]:
     return [code.strip().upper() for value in values for code in value.split(",") if code.strip()]
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = EXIT_ERROR) -> None:
     click.echo(f"migrate-fsdp rewrite: error: {message}", err=True)
-    sys.exit(EXIT_ERROR)
+    sys.exit(code)
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -53,6 +58,7 @@ def rewrite(paths, diff_mode, check, output_format, select, ignore, exclude, job
         raise click.UsageError(str(error)) from None
 
     mode = "diff" if diff_mode else "check" if check else "write"
+    signal.signal(signal.SIGTERM, _terminate)  # as Ctrl-C: a file being written is left whole, its temporary removed
     try:
         result = run(
             list(paths),
@@ -65,7 +71,7 @@ def rewrite(paths, diff_mode, check, output_format, select, ignore, exclude, job
     except (PathError, OSError) as error:
         _fail(str(error))
     except KeyboardInterrupt:
-        _fail("interrupted; files already rewritten were each replaced whole")
+        _fail("interrupted; files already rewritten were each replaced whole", EXIT_INTERRUPTED)
 
     if output_format == "json":
         click.echo(report.as_json(result, mode))

@@ -17,6 +17,7 @@ import signal
 from multiprocessing import get_context
 
 from migrate_fsdp.rewrite.analysis.program import decide
+from migrate_fsdp.lifeline import die_with_parent
 from migrate_fsdp.rewrite.api import ParsedFile, RewriteResult, rewrite_program
 from migrate_fsdp.rewrite.diagnostics import Diagnostic
 from migrate_fsdp.rewrite.selection import INTERNAL_ERROR, Selection
@@ -36,7 +37,7 @@ def rewrite_files(jobs: list[Job], selection: Selection, todo: bool, workers: in
         for share in shares:
             mine, theirs = context.Pipe()
             inherited = list(pipes)  # the main process's ends of earlier workers' pipes
-            process = context.Process(target=_worker, args=(theirs, mine, inherited, share, selection, todo), daemon=True)
+            process = context.Process(target=_worker, args=(os.getpid(), theirs, mine, inherited, share, selection, todo), daemon=True)
             process.start()
             theirs.close()
             pipes.append(mine)
@@ -83,7 +84,8 @@ def _receive(pipe, share: list[Job]) -> dict:
         }
 
 
-def _worker(pipe, own_other_end, inherited, share: list[Job], selection: Selection, todo: bool) -> None:
+def _worker(parent: int, pipe, own_other_end, inherited, share: list[Job], selection: Selection, todo: bool) -> None:
+    die_with_parent(parent=parent)  # a parse can take seconds: end now, not at the next send
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides what an interrupt ends
     own_other_end.close()
     for other in inherited:

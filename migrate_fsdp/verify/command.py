@@ -32,8 +32,10 @@ def _rendezvous_options(function):
                    "and every step is compared.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto: GPUs when there are --nproc of them, else CPU with gloo.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
-              help="Seconds one run may take; a run still going is killed with all its processes.")
+@click.option("--timeout", type=click.FloatRange(min=1),
+              help="Seconds one run may take; a run still going is killed with all its processes. Default: a run "
+                   "is hung when it makes no progress for 10 x its slowest step so far (at least 60 s; 300 s to "
+                   "start).")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help="Write a JSON report here.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of the loss curves and memory peaks here (needs matplotlib).")
@@ -70,7 +72,7 @@ def verify(argv, new_script, project, nproc, steps, device, timeout, report, plo
         code = 2
     except KeyboardInterrupt:
         click.echo("migrate-fsdp verify: error: interrupted; the runs it had started were ended", err=True)
-        code = 2
+        code = 130
     finally:
         signal.signal(signal.SIGTERM, previous)
     sys.exit(code)

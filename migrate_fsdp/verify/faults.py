@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from migrate_fsdp.verify import metrics
 
 TAIL_LINES = 15
+_PEER_GONE = ("by peer", "Broken pipe")
 
 
 @dataclass
@@ -27,7 +28,12 @@ def _tail(path, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def run_failures(run, steps: int | None, timeout: float) -> list:
+def _lost_a_peer(error: str) -> bool:
+    """A collective that failed because another rank was gone (gloo: "Connection reset/closed by peer")."""
+    return any(sign in error for sign in _PEER_GONE)
+
+
+def run_failures(run, steps: int | None, timeout: float | None) -> list:
     side = run.side.name
     name = f"{side} run ({run.side.shown})"
     done = min((len(rank.steps) for rank in run.ranks), default=0)
@@ -35,8 +41,9 @@ def run_failures(run, steps: int | None, timeout: float) -> list:
         slowest = min(run.ranks, key=lambda r: len(r.steps), default=None)
         tail = _tail(metrics.stderr_path(run.directory, slowest.rank)) if slowest else ""
         of = f" of {steps}" if steps else ""
-        return [RunFailure(side, f"{name} hung: still running after --timeout {timeout:g}s, at optimizer step "
-                                 f"{done}{of}; all its processes were killed", tail)]
+        why = run.hang or f"still running after --timeout {timeout:g}s"
+        return [RunFailure(side, f"{name} hung: {why}, at optimizer step {done}{of}; all its processes were killed",
+                           tail)]
     if not run.side.watched:
         if run.returncode != 0:
             return [RunFailure(side, f"{name} failed with torchrun exit status {run.returncode}",
@@ -44,6 +51,13 @@ def run_failures(run, steps: int | None, timeout: float) -> list:
         return []
     # One rank's crash usually makes the others fail in their next collective; the first error is the cause.
     errors = sorted((r for r in run.ranks if r.status == "error"), key=lambda r: r.end.get("time", 0))
+    ended = [r for r in run.ranks if r.status == "finished"]
+    if errors and ended and all(_lost_a_peer(r.end["error"]) for r in errors):
+        early, first = ended[0], errors[0]
+        return [RunFailure(side, f"{name}: rank {early.rank} stopped after {len(early.steps)} optimizer steps while "
+                                 f"rank {first.rank} went on; rank {first.rank} then failed: {first.end['error']} "
+                                 "(every rank must step the same number of times)",
+                           _tail(metrics.stderr_path(run.directory, early.rank)))]
     if errors:
         first, *others = errors
         failures = [RunFailure(side, f"{name} crashed on rank {first.rank}: {first.end['error']}",

@@ -3,16 +3,22 @@
 Each launch is a torchrun process in a new session; its ranks (which torchrun
 puts in sessions of their own) are tracked while it runs so that a hang past
 --timeout, or anything a finished run leaves behind, can be ended completely.
+Should verify itself be killed (SIGKILL, nothing to clean up with), torchrun
+gets SIGTERM from the kernel and its ranks die with it.
 """
 
+import functools
 import os
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from migrate_fsdp.lifeline import die_with_parent
 from migrate_fsdp.verify import metrics, processes
+from migrate_fsdp.verify.timeouts import Pace, Watchdog
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _POLL_S = 0.2
@@ -36,7 +42,7 @@ class Side:
 class Launch:
     nproc: int
     steps: int | None  # None: let the script train to its own end
-    timeout: float
+    timeout: float | None  # None: a run is hung when it stops making progress (see timeouts)
     rendezvous: list = field(default_factory=list)  # torchrun's own flags, passed through as [flag, value]
     progress: object = None  # a progress.LiveLine on a terminal
 
@@ -67,6 +73,7 @@ class Run:
     timed_out: bool
     wall_s: float
     ranks: list
+    hang: str = ""  # why it was ended as hung
 
     @property
     def torchrun_log(self) -> Path:
@@ -74,7 +81,7 @@ class Run:
 
 
 class _Running:
-    def __init__(self, side: Side, launch: Launch, env: dict, directory: Path):
+    def __init__(self, side: Side, launch: Launch, env: dict, directory: Path, pace: Pace):
         self.side = side
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
@@ -90,10 +97,12 @@ class _Running:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             command, env=env, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+            start_new_session=True, preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()),
+        )  # SIGTERM, not SIGKILL: torchrun then ends its ranks (which also die with it, see probe)
         self.seen = {}
         self.timed_out = False
+        self.hang = ""
+        self.watchdog = Watchdog(directory, launch.timeout, pace, side.watched, self.started)
 
     def poll(self) -> bool:
         """Record the process tree; True once torchrun has exited."""
@@ -103,6 +112,7 @@ class _Running:
     def kill(self) -> None:
         """Past the deadline: end the run with every process it started."""
         self.timed_out = True
+        self.hang = self.watchdog.why()
         self.end()
 
     def end(self) -> None:
@@ -116,7 +126,7 @@ class _Running:
             processes.end_all(self.proc.pid, processes.leftovers(self.seen), grace=1.0)
         self.log.close()
         return Run(self.side, self.directory, self.proc.returncode, self.timed_out, wall,
-                   _read_ranks(self.directory, launch))
+                   _read_ranks(self.directory, launch), self.hang)
 
 
 def _read_ranks(directory: Path, launch: Launch) -> list:
@@ -140,11 +150,13 @@ def _environment(side: Side, launch: Launch, placement_env: dict, directory: Pat
 
 def run_sides(sides: list, launch: Launch, placement, workdir: Path) -> list:
     """Run the sides (together when the placement allows it, else in turn); one Run each."""
+    pace = Pace()  # a later side is judged by the pace of the earlier ones
+
     def start(side):
         directory = workdir / side.name
         placement_env = placement.new_env if side.name == "new" else placement.old_env
         env = _environment(side, launch, placement_env, directory, placement.device)
-        return _Running(side, launch, env, directory)
+        return _Running(side, launch, env, directory, pace)
 
     batches = [sides] if placement.concurrent else [[side] for side in sides]
     runs = []
@@ -153,7 +165,7 @@ def run_sides(sides: list, launch: Launch, placement, workdir: Path) -> list:
         try:
             for side in batch:
                 running.append(start(side))
-            _wait(running, launch.timeout, launch.progress)
+            _wait(running, launch.progress)
         except BaseException:
             # verify itself is interrupted (Ctrl-C, SIGTERM): the ranks live in sessions of their own, which
             # the signal does not reach, so they would train on (or hang) without it.
@@ -167,17 +179,15 @@ def run_sides(sides: list, launch: Launch, placement, workdir: Path) -> list:
     return runs
 
 
-def _wait(running: list, timeout: float, progress=None) -> None:
-    """Until every run has ended; those still going at the deadline are killed."""
-    deadline = time.monotonic() + timeout
+def _wait(running: list, progress=None) -> None:
+    """Until every run has ended; one its watchdog finds hung is killed."""
     pending = list(running)
     while pending:
         pending = [r for r in pending if not r.poll()]
         if progress is not None:
             progress.update(running)
-        if pending and time.monotonic() >= deadline:
-            for r in pending:
-                r.kill()
-            return
+        for r in [r for r in pending if r.watchdog.hung()]:
+            r.kill()
+            pending.remove(r)
         if pending:
             time.sleep(_POLL_S)

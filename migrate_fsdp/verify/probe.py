@@ -13,6 +13,7 @@ import time
 import traceback
 from pathlib import Path
 
+from migrate_fsdp.lifeline import die_with_parent
 from migrate_fsdp.verify import metrics, saves
 
 
@@ -25,6 +26,7 @@ def _redirect_output(directory: Path, rank: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    die_with_parent()  # a rank orphaned by a killed torchrun would train, or wait in a collective, forever
     script = os.path.abspath(argv[0])
     directory = Path(os.environ[metrics.ENV_DIR])
     rank = int(os.environ.get("RANK", "0"))

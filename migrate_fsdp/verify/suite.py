@@ -26,6 +26,7 @@ from migrate_fsdp.verify.faults import RunFailure, run_failures
 from migrate_fsdp.verify.launcher import Side, run_sides
 from migrate_fsdp.verify.pair import Outcome, not_run, run_pair
 from migrate_fsdp.verify.rewrite_side import rewritten_side
+from migrate_fsdp.verify.timeouts import UNWATCHED_S
 
 
 @dataclass
@@ -103,11 +104,11 @@ def _run_resume(fixture: Fixture, launch, placement, workdir: Path) -> Outcome:
     try:
         converted = subprocess.run(
             [sys.executable, "-m", "migrate_fsdp", "convert-ckpt", *convert],
-            capture_output=True, text=True, timeout=launch.timeout, stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=launch.timeout or UNWATCHED_S, stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
         return not_run(fixture.name, launch, placement, "convert",
-                       f"migrate-fsdp convert-ckpt still running after --timeout {launch.timeout:g}s")
+                       f"migrate-fsdp convert-ckpt still running after {launch.timeout or UNWATCHED_S:g}s")
     if converted.returncode != 0:
         tail = "\n".join((converted.stdout + converted.stderr).strip().splitlines()[-15:])
         return Outcome(fixture.name, launch, placement, [saved], [RunFailure(

@@ -85,8 +85,30 @@ def test_interrupting_verify_ends_its_runs(sig, tmp_path):
     for pid in left:  # so that a failure here leaves no hung ranks behind either
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
-    assert proc.returncode == 2
+    assert proc.returncode == 130
     assert stderr == "migrate-fsdp verify: error: interrupted; the runs it had started were ended\n"
+    assert left == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="process accounting reads /proc")
+def test_killing_verify_takes_torchrun_and_the_ranks_down():
+    tag = uuid.uuid4().hex
+    command = [sys.executable, "-m", "migrate_fsdp", "verify", "--device", "cpu", FAULTY, "--new", FAULTY,
+               "--", "--fault", "hang", "--tag", tag]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while len(processes_with(tag)) < 4 and time.monotonic() < deadline:  # verify, torchrun, 2 ranks
+        time.sleep(0.2)
+    proc.kill()  # no handler runs: only the kernel can end what verify started
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while processes_with(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = processes_with(tag)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
     assert left == []
 
 
@@ -118,3 +140,12 @@ def test_a_healthy_run_stops_cleanly_after_the_steps_asked_for(tmp_path):
     assert failures == [] and run.returncode == 0 and not run.timed_out
     assert [r.status for r in run.ranks] == ["stopped", "stopped"]
     assert [len(r.steps) for r in run.ranks] == [3, 3]
+
+
+@pytest.mark.slow
+def test_a_rank_that_steps_fewer_times_is_named_as_the_cause(tmp_path):
+    _, failures = one_side(tmp_path, "--fault", "uneven", steps=6)
+    first, *_ = [f.message for f in failures]
+    assert first.startswith(
+        "old run (faulty.py): rank 1 stopped after 2 optimizer steps while rank 0 went on; rank 0 then failed: ")
+    assert "every rank must step the same number of times" in first

@@ -1,6 +1,6 @@
 """A small data-parallel training script that misbehaves on request, for verify's fault tests.
 
-Run: torchrun --nproc_per_node 2 faulty.py --fault {none,crash,hang,no-step,short} [--tag TAG]
+Run: torchrun --nproc_per_node 2 faulty.py --fault {none,crash,hang,no-step,short,uneven} [--tag TAG]
 (--tag only marks the processes, so that a test can look for leftovers.)
 """
 
@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--fault", default="none", choices=["none", "crash", "hang", "no-step", "short"])
+parser.add_argument("--fault", default="none", choices=["none", "crash", "hang", "no-step", "short", "uneven"])
 parser.add_argument("--tag", default="")
 args = parser.parse_args()
 
@@ -22,7 +22,7 @@ torch.manual_seed(0)
 model = nn.Linear(8, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 data = torch.Generator().manual_seed(rank)
-for step in range(2 if args.fault == "short" else 100):
+for step in range(2 if args.fault == "short" or (args.fault == "uneven" and rank == 1) else 100):
     x = torch.randn(4, 8, generator=data)
     loss = model(x).pow(2).mean()
     loss.backward()
