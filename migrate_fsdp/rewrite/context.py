@@ -146,8 +146,8 @@ class FileContext:
             if code not in edits.todos:
                 edits.todos.append(code)
 
-    def mark_converted(self, node: cst.CSTNode) -> None:
-        """Record that FSDP1 references inside `node` were rewritten away."""
+    def mark_handled(self, node: cst.CSTNode) -> None:
+        """Record that FSDP1 references inside `node` are dealt with: rewritten away, or left for a report elsewhere."""
         self._covered.add(id(node))
 
     def insert_before(self, statements: list[cst.BaseStatement]) -> None:

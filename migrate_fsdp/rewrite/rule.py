@@ -14,7 +14,7 @@ the hooks a rule defines, by node type name:
 
 Metadata (qualified names, scopes) describes the *original* tree, so rules
 query it with original nodes. A rule that converts or reports an FSDP1
-reference must say so (``ctx.mark_converted`` / ``ctx.report``) before the
+reference must say so (``ctx.mark_handled`` / ``ctx.report``) before the
 smallest statement holding it is left, which is when the engine decides
 whether that reference was left behind silently.
 """

@@ -27,7 +27,7 @@ class WrapToFullyShard(Rule):
     def leave_Call(self, original, updated):
         if not self.ctx.matches(original.func, FSDP):
             return updated
-        self.ctx.mark_converted(original.func)
+        self.ctx.mark_handled(original.func)
         local = self.ctx.require_import("torch.distributed.fsdp", "fully_shard")
         if self.ctx.can_insert_statements():
             helper = self.ctx.add_helper("_fsdp1_forward_prefetch")

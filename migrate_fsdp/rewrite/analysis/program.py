@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.escapes import escapes
 from migrate_fsdp.rewrite.analysis.models import fsdp_models
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
 from migrate_fsdp.rewrite.syntax import dotted, walk
@@ -45,6 +46,7 @@ class FileFacts:
     path: str
     constructors: dict = field(default_factory=dict)  # Position -> converts on its own
     places: dict = field(default_factory=dict)  # constructor Position -> the function holding it, for messages
+    escaping: set = field(default_factory=set)  # constructors whose model may reach code out of the file's sight
     uses: dict = field(default_factory=dict)  # (Position, code) -> Use
     imports_fsdp1: bool = False  # names torch's FSDP1 (not fairscale's, not FSDP2)
     asked_about_fsdp1: bool = False  # a rule asked whether the program builds FSDP1 models at all
@@ -89,8 +91,12 @@ def decide(facts: list[FileFacts]) -> dict[str, Verdict]:
             for other in sites[1:]:
                 parent[find(other)] = find(sites[0])
     kept = {(f.path, p) for f in facts for p, converts in f.constructors.items() if not converts}
+    untied = sorted(f.path for f in facts for use in f.uses.values() if use.untied)
+    escaping = {}  # a constructor that converts but whose model may meet an untied use that stays -> that use's file
+    if kept and untied:
+        escaping = {(f.path, p): untied[0] for f in facts for p in f.escaping if f.constructors.get(p)}
     cause = {}  # component root -> the first constructor in it that cannot convert
-    for site in sorted(kept):
+    for site in sorted(kept | set(escaping)):
         cause.setdefault(find(site), site)
     verdicts: dict[str, Verdict] = {}
     first_kept = min(kept) if kept else None
@@ -98,8 +104,14 @@ def decide(facts: list[FileFacts]) -> dict[str, Verdict]:
     for file in facts:
         verdict = Verdict(builds_fsdp1=builds_fsdp1 and file.asked_about_fsdp1)
         for position, converts in file.constructors.items():
-            blocker = cause.get(find((file.path, position)))
-            if converts and blocker is not None:
+            site = (file.path, position)
+            blocker = cause.get(find(site))
+            if converts and blocker in escaping:
+                verdict.blocked[position] = (
+                    f"its model may reach FSDP1 code in {escaping[blocker]} that stays with the FSDP(...) in "
+                    f"{where(first_kept)}"
+                )
+            elif converts and blocker is not None:
                 verdict.blocked[position] = f"stays FSDP1 with the FSDP(...) in {where(blocker)}, which shares its uses"
         for key, use in file.uses.items():
             blockers = sorted(b for b in (cause.get(find((file.path, p))) for p in use.ties) if b is not None)
@@ -132,6 +144,8 @@ class Gate:
         self.facts.constructors[position] = converts
         function = next((n for n in reversed(stack) if isinstance(n, (cst.FunctionDef, cst.ClassDef))), None)
         self.facts.places[position] = f"{function.name.value}()" if isinstance(function, cst.FunctionDef) else ""
+        if converts and escapes(self.ctx, node, stack):
+            self.facts.escaping.add(position)
         if not converts or self.verdict is None:
             return None
         return self.verdict.blocked.get(position)

@@ -260,7 +260,7 @@ class WrapCall(Rule):
                     for statement in definition.statements:  # with a kwargs dict's `kw["key"] = ...` lines
                         self._removed.add(id(statement))
                         gone.update(subtree_ids(statement))
-                        self.ctx.mark_converted(statement)
+                        self.ctx.mark_handled(statement)
                     changed = True
 
     def _share_setup_at_kwargs_dicts(self) -> None:
@@ -315,7 +315,7 @@ class WrapCall(Rule):
     def visit_SimpleStatementLine(self, node) -> None:
         plan, _ = self._redefined.get(id(node), (None, None))
         if plan is not None and not plan.problems:
-            self.ctx.mark_converted(node)
+            self.ctx.mark_handled(node)
         setup = self._setup_at.get(id(node))
         if setup and id(node) not in self._removed:
             self.ctx.insert_before(setup)
@@ -327,7 +327,7 @@ class WrapCall(Rule):
         for problem in plan.problems:
             self.ctx.report(problem.node, problem.code, problem.message)
         # Converted, or every reason it is not was said: the FSDP1 names inside need no catch-all.
-        self.ctx.mark_converted(node)
+        self.ctx.mark_handled(node)
 
     def leave_Call(self, original, updated):
         plan = self._plans.get(id(original))

@@ -180,7 +180,7 @@ class RemovesStatements(TrainingRule):
         if trailing is not None:  # `cfg = FullStateDictConfig(...)  # why`: the comment goes on its own line
             comments.append(cst.EmptyLine(comment=trailing))
         self._defer_comments(comments)
-        self.ctx.mark_converted(original)
+        self.ctx.mark_handled(original)
         return cst.RemoveFromParent()
 
     def _defer_comments(self, comments: list) -> None:

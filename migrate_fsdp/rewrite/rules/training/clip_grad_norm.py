@@ -44,7 +44,7 @@ class ClipGradNorm(TrainingRule):
                 return updated
             if not self.fsdp2_ahead(original):
                 return updated
-            self.ctx.mark_converted(func)
+            self.ctx.mark_handled(func)
             model = updated.args[original.args.index(bound["self"])].value
             rest = [a for o, a in zip(original.args, updated.args, strict=True) if o is not bound["self"]]
             return self._build(model, rest)

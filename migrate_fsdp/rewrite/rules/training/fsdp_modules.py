@@ -36,7 +36,7 @@ class FsdpModules(TrainingRule):
             return updated
         if not self.fsdp2_ahead(original):
             return updated
-        self.ctx.mark_converted(original.func)
+        self.ctx.mark_handled(original.func)
         model = updated.args[original.args.index(bound["module"])].value
         fsdp_module = fsdp_module_name(self.ctx)
         if root_only:

@@ -41,7 +41,7 @@ class IsinstanceFsdp(TrainingRule):
             return updated
         if not self.fsdp2_ahead(original):
             return updated
-        self.ctx.mark_converted(original)
+        self.ctx.mark_handled(original)
         return cst.Name(fsdp_module_name(self.ctx))
 
     def leave_SimpleString(self, original: cst.SimpleString, updated):
@@ -67,7 +67,7 @@ class IsinstanceFsdp(TrainingRule):
         if subject is None or not self.fsdp2_ahead(original):
             return updated
         updated_subject = self._updated_subject(updated, left is not None and self._type_call_argument(left) is subject)
-        self.ctx.mark_converted(original)
+        self.ctx.mark_handled(original)
         check = cst.Call(
             func=cst.Name("isinstance"),
             args=[

@@ -38,7 +38,7 @@ class NoSync(TrainingRule):
         if self.fsdp_method(func) == "no_sync":  # FSDP.no_sync(model)
             single = len(original.args) == 1 and not original.args[0].keyword and not original.args[0].star
             if single and self.fsdp2_ahead(original):
-                self.ctx.mark_converted(func)
+                self.ctx.mark_handled(func)
                 return cst.Call(func=cst.Name(self._helper()), args=[updated.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
             if not single:
                 self.ctx.report(original, self.code, self._advice("FSDP.no_sync"))

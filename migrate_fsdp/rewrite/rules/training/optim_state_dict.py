@@ -78,7 +78,7 @@ class OptimStateDict(UsesStateDictPlan):
         result = handler(original, updated)
         if result is None:
             return updated
-        self.ctx.mark_converted(original.func)
+        self.ctx.mark_handled(original.func)
         return result
 
     def leave_SimpleStatementLine(self, original, updated):
@@ -205,7 +205,7 @@ class OptimStateDict(UsesStateDictPlan):
         if mode == "nested":
             outer = stack[-3]
             self._nested[id(outer)] = call
-            self.ctx.mark_converted(original.func)
+            self.ctx.mark_handled(original.func)
             return None
         return call
 

@@ -45,7 +45,7 @@ class ShardedGradScaler(TrainingRule):
             return updated
         if not self.fsdp2_ahead(original):
             return updated
-        self.ctx.mark_converted(original.func)
+        self.ctx.mark_handled(original.func)
         args = []
         for old, new in zip(original.args, updated.args, strict=True):
             if old is group:
@@ -82,7 +82,7 @@ class ShardedGradScaler(TrainingRule):
             return updated
         if not self.fsdp2_ahead(original):
             return updated
-        self.ctx.mark_converted(original)
+        self.ctx.mark_handled(original)
         return cst.Name(self._grad_scaler())
 
     def _grad_scaler(self) -> str:

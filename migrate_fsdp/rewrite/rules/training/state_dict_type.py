@@ -57,7 +57,7 @@ class StateDictType(UsesStateDictPlan):
         if method in ("state_dict_type", "set_state_dict_type"):
             context = self.plan.context_of(original)
             if context is not None and context.converted:
-                self.ctx.mark_converted(original)
+                self.ctx.mark_handled(original)
             else:
                 reason = context.failure if context is not None else "not understood"
                 self.ctx.report(original, self.code, f"`FSDP.{method}` not converted: {reason}; {ADVICE}")
@@ -80,9 +80,8 @@ class StateDictType(UsesStateDictPlan):
             return self.remove_statement(original)
         planned = self.plan.config_statements.get(id(original))
         if planned is not None:
-            _, failure = planned
-            reason = failure or "it is also used by code this rule does not convert"
-            self.ctx.report(original.body[0].value, self.code, f"FSDP1 state-dict config kept: {reason}; {ADVICE}")
+            reason = f"{planned[1]}; {ADVICE}" if planned[1] else "it serves only state-dict blocks that stay, reported there"
+            self.ctx.report(original.body[0].value, self.code, f"FSDP1 state-dict config kept: {reason}")
         return super().leave_SimpleStatementLine(original, updated)
 
     def leave_Attribute(self, original: cst.Attribute, updated):

@@ -123,7 +123,7 @@ class StateDictPlan:
         self._context_of: dict[int, Context] = {}  # id(call) -> its context
         self._blocked: dict[int, Context] = {}  # id(call) -> the unreadable context governing it
         self.removed_statements: set[int] = set()
-        self.config_statements: dict[int, tuple] = {}  # id(config line) -> (line, failure or None)
+        self.config_statements: dict[int, tuple] = {}  # id(config line) -> (line, why it stays; None: say nothing)
         self.built = False
 
     # ----- collecting --------------------------------------------------------------------
@@ -293,9 +293,18 @@ class StateDictPlan:
         problems = []
         if method == "set_state_dict_type" and region:
             problems.append(self._set_context_escape(context, stack))
+        holders = _holders(context.model)
         for node, parents in walk(*region):
-            if dotted(node) == context.model and isinstance(node, (cst.Name, cst.Attribute)):
+            if not isinstance(node, (cst.Name, cst.Attribute)):
+                continue
+            name = dotted(node)
+            if name == context.model:
                 problems.append(self._region_use(context, node, parents, optim_rule_selected))
+            elif name in holders and not (parents and dotted(parents[-1]) in holders | {context.model}):
+                # `trainer.save_model()` under a setting on `trainer.model`: the holder reaches the model out of sight
+                problems.append(
+                    f"`{name}` holds `{context.model}` and may read the setting out of sight ({self._describe(node, parents)})"
+                )
         return next((p for p in problems if p is not None), None)
 
     def _region_use(self, context, node, parents, optim_rule_selected) -> str | None:
@@ -366,8 +375,13 @@ class StateDictPlan:
                     users.setdefault(id(statement), (statement, []))[1].append(context)
         for statement_id, (statement, contexts) in users.items():
             failures = [c.failure for c in contexts if c.failure]
-            self.config_statements[statement_id] = (statement, failures[0] if failures else None)
-            if not failures and self._only_used_by_contexts(statement):
+            only_contexts = self._only_used_by_contexts(statement)
+            if only_contexts and len(failures) == len(contexts):
+                reason = None  # kept with the contexts it serves, which are reported
+            else:
+                reason = failures[0] if failures else "it is also used by code this rule does not convert"
+            self.config_statements[statement_id] = (statement, reason)
+            if not failures and only_contexts:
                 self.removed_statements.add(statement_id)
         for context in self.contexts:
             for use in context.uses:
@@ -494,6 +508,12 @@ class Builder:
 
 
 _NO_SPACE_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
+def _holders(model: str | None) -> set[str]:
+    """`a` and `a.b` for the model `a.b.c`: objects through which other code reaches the model."""
+    parts = (model or "").split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
 
 
 def _text(value) -> str:

@@ -79,7 +79,7 @@ class SummonFullParams(RemovesStatements):
                 problem, loops = self._plan(node, item)
                 if problem is None:
                     self._plans[id(node)] = (index, loops)
-                    self.ctx.mark_converted(item.item)
+                    self.ctx.mark_handled(item.item)
                 else:
                     self.ctx.report(item.item, self.code, f"not converted: {problem}; {ADVICE}")
 
