@@ -177,16 +177,33 @@ if __name__ == "__main__":
 '''
 
 
+# The same program with the meta-device init behind a config flag (llama-recipes' low_cpu_fsdp), set at run time.
+META_INIT_BY_FLAG = (
+    META_INIT_FSDP1.replace("def main():\n", "def main(low_cpu_fsdp=os.environ.get('LOW_CPU_FSDP', '1') == '1'):\n")
+    .replace("sync_module_states=True", "sync_module_states=low_cpu_fsdp")
+    .replace("if rank != 0 else None", "if low_cpu_fsdp and rank != 0 else None")
+)
+
+
 @pytest.mark.slow
 def test_meta_init_rewrite_takes_rank0_weights(tmp_path):
-    script = tmp_path / "meta_init_fsdp1.py"
-    script.write_text(textwrap.dedent(META_INIT_FSDP1))
-    rewritten, diagnostics = _rewrite(script, tmp_path)
-    assert diagnostics == []
-    code = rewritten.read_text()
-    assert "set_model_state_dict" in code and "to_empty" in code
-    lines = torchrun(rewritten).stdout.splitlines()
-    before = [line.removeprefix("digest before ") for line in lines if line.startswith("digest before ")]
-    after = [line.removeprefix("digest after ") for line in lines if line.startswith("digest after ")]
-    assert len(before) == 1 and len(after) == 2
-    assert set(after) == set(before)
+    """Both programs rewritten, then run in one launch (each launch risks gloo's teardown abort)."""
+    rewritten = []
+    for name, source in (("literal", META_INIT_FSDP1), ("run_time_flag", META_INIT_BY_FLAG)):
+        script = tmp_path / name / "meta_init_fsdp1.py"
+        script.parent.mkdir()
+        script.write_text(textwrap.dedent(source))
+        path, diagnostics = _rewrite(script, tmp_path)
+        assert diagnostics == [], name
+        code = path.read_text()
+        assert "set_model_state_dict" in code and "to_empty" in code, name
+        rewritten.append(path)
+    driver = tmp_path / "batch_driver.py"
+    driver.write_text(BATCH_DRIVER)
+    outputs = _by_script(torchrun(driver, *rewritten).stdout)
+    for name in ("literal", "run_time_flag"):
+        lines = outputs[name].splitlines()
+        before = [line.removeprefix("digest before ") for line in lines if line.startswith("digest before ")]
+        after = [line.removeprefix("digest after ") for line in lines if line.startswith("digest after ")]
+        assert len(before) == 1 and len(after) == 2, name
+        assert set(after) == set(before), name

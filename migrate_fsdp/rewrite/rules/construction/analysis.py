@@ -17,11 +17,11 @@ from migrate_fsdp.rewrite.syntax import chain_root, subtree_ids
 class Analysis:
     def __init__(self, ctx) -> None:
         self.ctx = ctx
-        self.definitions = Definitions(ctx)
+        self.order: dict[int, int] = {}  # statement id -> position in the file
+        self.definitions = Definitions(ctx, self.order)
         self.names = Names(ctx)
         self.current_devices: set[str] = set()  # source of X in torch.cuda.set_device(X) and friends
         self._on_meta: set[int] = set()  # ids of names assigned inside `with torch.device("meta"):`
-        self.order: dict[int, int] = {}  # statement id -> position in the file
         self.insertable: set[int] = set()  # statements that statements may be inserted before
         self._inits: list[int] = []  # positions of statements calling init_process_group
         self.fsdp1_arguments: set[int] = set()  # ids of every node inside FSDP1 calls and their kwargs dicts
@@ -41,6 +41,7 @@ class Analysis:
             self.insertable.add(id(node))
 
     def note_call(self, node: cst.Call) -> None:
+        self.definitions.calls[id(node)] = len(self.order) - 1
         if node.args and self.ctx.matches(node.func, *SET_DEVICE):
             self.current_devices.add(self.ctx.code(node.args[0].value))
         if self.ctx.matches(node.func, "torch.distributed.init_process_group"):
@@ -65,6 +66,24 @@ class Analysis:
             and isinstance(node.args[0].value, cst.SimpleString)
             and node.args[0].value.evaluated_value == "meta"
         )
+
+    def close_fsdp1_arguments(self) -> None:
+        """Values of names that only FSDP1 arguments read are FSDP1 arguments too.
+
+        So that `bf16 = MixedPrecision(...)`, read only by `mp = bf16 if c else None`,
+        read only by `FSDP(model, mixed_precision=mp)`, can be followed and go with the call.
+        """
+        if not self.fsdp1_arguments:  # a file without FSDP1 calls: nothing to follow
+            return
+        pending = [d for d in self.definitions.singles() if id(d.value) not in self.fsdp1_arguments]
+        changed = True
+        while changed:
+            changed = False
+            for definition in list(pending):
+                if definition.loads and all(id(load) in self.fsdp1_arguments for load in definition.loads):
+                    self.fsdp1_arguments.update(subtree_ids(definition.value))
+                    pending.remove(definition)
+                    changed = True
 
     # ----- readers for the keyword rules ------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 Real code passes FSDP1's arguments positionally in its signature order, by
 keyword, through `module=`, and through `**kwargs` built as a dict literal or
-`dict(...)` in the same scope; values are often names assigned once nearby
+`dict(...)` in the same scope, possibly filled item by item after
+(`kw["mixed_precision"] = mp`, also under an `if`); values are often names assigned once nearby
 (`policy = ModuleWrapPolicy({Block})`). This module binds a call and follows
 such names to the expression that gives the value, so that the keyword rules
 see the same thing whatever the spelling.
@@ -47,6 +48,50 @@ class Definition:
     def loads(self) -> list[cst.CSTNode]:
         return [access.node for access in self.assignment.references]
 
+    @property
+    def statements(self) -> tuple[cst.BaseStatement, ...]:
+        """The statements that go when the definition does."""
+        return (self.statement,)
+
+
+@dataclass(frozen=True, eq=False)
+class Fill:
+    """`name["key"] = value` on a line of its own, in the dict's block or in an `if` (no else) there (on its line or in its body)."""
+
+    key: str
+    value: cst.BaseExpression
+    target: cst.Name  # the load of the dict's name
+    statement: cst.SimpleStatementLine | cst.If  # the `if` itself for `if cond: name["key"] = value`
+    block: cst.CSTNode  # the block holding the statement
+    guard: cst.If | None  # the `if` whose body holds it
+
+
+@dataclass(frozen=True, eq=False)
+class FilledDict(Definition):
+    """A kwargs dict filled item by item after its definition (`kw = {}; kw["mixed_precision"] = mp`)."""
+
+    fills: tuple[Fill, ...] = ()
+
+    @property
+    def loads(self) -> list[cst.CSTNode]:
+        filling = {id(fill.target) for fill in self.fills}
+        return [load for load in super().loads if id(load) not in filling]
+
+    @property
+    def statements(self) -> tuple[cst.BaseStatement, ...]:
+        guards = {id(fill.guard): fill.guard for fill in self.fills if fill.guard is not None}
+        return (self.statement, *(fill.statement for fill in self.fills), *guards.values())
+
+
+# FSDP1's defaults for what an `if` may or may not put in a kwargs dict (backward_prefetch's is not a literal).
+_DEFAULTS = {
+    **{name: "None" for name in FSDP1_SIGNATURE if name not in ("module", "backward_prefetch")},
+    "sync_module_states": "False",
+    "forward_prefetch": "False",
+    "use_orig_params": "False",
+    "limit_all_gathers": "True",
+}
+
 
 @dataclass(frozen=True, eq=False)
 class Argument:
@@ -66,21 +111,80 @@ class Unbindable(Exception):
 
 
 class Definitions:
-    """Single assignments `name = value` of the file, fed from the read-only pass."""
+    """Assignments `name = value` and `name["key"] = value` of the file, fed from the read-only pass."""
 
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, order: dict[int, int]) -> None:
         self.ctx = ctx
+        self.order = order  # statement id -> position in the file
         self._by_target: dict[int, tuple[cst.Assign, cst.SimpleStatementLine]] = {}
+        self._blocks: dict[int, cst.CSTNode] = {}  # definition statement id -> its block
+        self._fills: dict[int, Fill] = {}  # id(load of the dict's name) -> the fill
+        self.calls: dict[int, int] = {}  # id(call) -> position of its statement
 
     def note(self, assign: cst.Assign) -> None:
         statement = self.ctx.statement()
-        if (
-            len(assign.targets) == 1
-            and isinstance(assign.targets[0].target, cst.Name)
-            and isinstance(statement, cst.SimpleStatementLine)
-            and len(statement.body) == 1
-        ):
-            self._by_target[id(assign.targets[0].target)] = (assign, statement)
+        if isinstance(statement, cst.If):  # only `if cond: name["key"] = value`, on one line, without else
+            alone = isinstance(statement.body, cst.SimpleStatementSuite) and len(statement.body.body) == 1
+            if not alone or statement.orelse is not None:
+                return
+        elif not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return
+        if len(assign.targets) != 1:
+            return
+        target = assign.targets[0].target
+        stack = self.ctx.stack
+        index = next(i for i in range(len(stack) - 1, -1, -1) if stack[i] is statement)
+        block = stack[index - 1]
+        if isinstance(target, cst.Name) and isinstance(statement, cst.SimpleStatementLine):
+            self._by_target[id(target)] = (assign, statement)
+            self._blocks[id(statement)] = block
+        elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and len(target.slice) == 1:
+            key = target.slice[0].slice
+            if not (isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString)):
+                return
+            if isinstance(statement, cst.If):
+                guard = statement
+            else:
+                guard = stack[index - 2] if index >= 3 else None
+                if isinstance(guard, cst.If) and guard.body is block and guard.orelse is None:
+                    block = stack[index - 3]
+                else:
+                    guard = None
+            self._fills[id(target.value)] = Fill(key.value.evaluated_value, assign.value, target.value, statement, block, guard)
+
+    def singles(self) -> list[Definition]:
+        """Every `name = value` that is the only assignment of its name in its scope."""
+        found = []
+        for assign, _ in self._by_target.values():
+            definition = self.of(assign.targets[0].target)
+            if definition is not None:
+                found.append(definition)
+        return found
+
+    def fill_values(self, definition: Definition) -> list[cst.BaseExpression]:
+        """What `name["key"] = value` statements put in the dict `definition` makes."""
+        return [self._fills[id(load)].value for load in definition.loads if id(load) in self._fills]
+
+    def filled(self, definition: Definition, call: cst.Call, is_kwargs_use) -> FilledDict | None:
+        """`definition` with the fills of its dict before `call`, when every other load is a `**` of an FSDP1 call."""
+        fills = []
+        for load in definition.loads:
+            if is_kwargs_use(load):
+                continue
+            fill = self._fills.get(id(load))
+            if (
+                fill is None
+                or fill.block is not self._blocks.get(id(definition.statement))
+                or not self.order[id(definition.statement)] < self.order[id(fill.statement)] < self.calls.get(id(call), -1)
+            ):
+                return None
+            fills.append(fill)
+        fills.sort(key=lambda fill: self.order[id(fill.statement)])  # a later item overrides an earlier one
+        for guard in {id(fill.guard): fill.guard for fill in fills if fill.guard is not None and fill.guard is not fill.statement}.values():
+            inside = {id(fill.statement) for fill in fills if fill.guard is guard}
+            if not all(id(statement) in inside for statement in guard.body.body):
+                return None
+        return FilledDict(definition.target, definition.value, definition.statement, definition.assignment, tuple(fills))
 
     def of(self, name: cst.CSTNode) -> Definition | None:
         """The definition a use of `name` reads, when there is exactly one."""
@@ -178,7 +282,7 @@ def bind(call: cst.Call, definitions: Definitions, is_kwargs_use, skip: int = 0)
             raise Unbindable(arg, "arguments passed with `*` cannot be known before run time")
         if arg.star == "**":
             definition = _kwargs_definition(arg, call, definitions, is_kwargs_use)
-            for key, value in _dict_items(definitions.ctx, definition.value):
+            for key, value in _filled_items(definitions.ctx, definition, arg):
                 add(key, value, arg, definition)
         elif arg.keyword is None:
             if index >= len(FSDP1_SIGNATURE):
@@ -199,10 +303,36 @@ def _kwargs_definition(arg: cst.Arg, call, definitions: Definitions, is_kwargs_u
     elif _dict_items(definitions.ctx, definition.value) is None:
         reason = "is not a dict literal or dict(...) with literal keys"
     elif not all(is_kwargs_use(load) for load in definition.loads):
-        reason = "is also used or changed elsewhere, so its contents at the call are unknown"
+        definition = definitions.filled(definition, call, is_kwargs_use)
+        if definition is None:
+            reason = "is also used or changed elsewhere, so its contents at the call are unknown"
     if reason:
         raise Unbindable(arg, f"`**{definitions.ctx.code(arg.value)}` {reason}")
     return definition
+
+
+def _filled_items(ctx, definition: Definition, arg: cst.Arg) -> list:
+    """The dict's (key, value) pairs at the call: its literal, then each fill in order.
+
+    A fill under `if test:` gives `value if test else <what the key held before, or FSDP1's default>`.
+    """
+    items = dict(_dict_items(ctx, definition.value))
+    for fill in getattr(definition, "fills", ()):
+        if fill.guard is None:
+            items[fill.key] = fill.value
+            continue
+        before = items.get(fill.key)
+        if before is None:
+            if fill.key not in _DEFAULTS:
+                test = ctx.code(fill.guard.test)
+                raise Unbindable(
+                    arg,
+                    f"`{fill.key}` is set only under `if {test}:`; write both cases in one item "
+                    f"(`{fill.key}=... if {test} else BackwardPrefetch.BACKWARD_PRE`)",
+                )
+            before = cst.Name(_DEFAULTS[fill.key])
+        items[fill.key] = cst.IfExp(test=fill.guard.test, body=fill.value, orelse=before)
+    return list(items.items())
 
 
 def _dict_items(ctx, value: cst.BaseExpression) -> list | None:

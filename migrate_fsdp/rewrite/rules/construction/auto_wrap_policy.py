@@ -49,6 +49,7 @@ class Policy:
     runtime: cst.BaseExpression | None = None
     var_hint: str = "module"
     name: str = "auto_wrap_policy"
+    when: cst.BaseExpression | None = None  # the children are sharded only where this holds (`policy if cond else None`)
 
 
 class AutoWrapPolicyRule(KeywordRule):
@@ -73,7 +74,20 @@ class AutoWrapPolicyRule(KeywordRule):
     }
 
     def apply(self, argument, plan) -> None:
+        definitions = self.analysis.assigned_on_branches(argument.value, plan)
+        if definitions is not None:
+            self._assigned(argument, definitions, plan)
+            return
         value, definition = self.analysis.follow(argument.value, plan)
+        if isinstance(value, cst.IfExp) and (self.analysis.is_none(value.body) or self.analysis.is_none(value.orelse)):
+            # `policy if cond else None`: FSDP1 wrapped the children only where cond held, and so does the loop.
+            wraps = self.analysis.is_none(value.orelse)
+            when = value.test if wraps else expression("not TEST", TEST=value.test)
+            chosen = value.body if wraps else value.orelse
+            self.apply(argument.__class__(argument.name, chosen, argument.arg, argument.kwargs), plan)
+            if plan.policy is not None:
+                plan.policy.when = when
+            return
         if self.analysis.is_none(value):
             return
         policy = self._static(value)
@@ -88,6 +102,27 @@ class AutoWrapPolicyRule(KeywordRule):
             if replayed is not None and definition is not None:
                 policy.name = definition.target.value  # the user's name for it, free again once the definition goes
         plan.policy = policy
+
+    def _assigned(self, argument, definitions, plan) -> None:
+        """`policy = None` / `if cfg.wrap: policy = ModuleWrapPolicy(...)`: each assignment becomes a torch-only
+        policy function where it stands, and the helper replays it where the variable is not None."""
+        maybe_none = False
+        for definition in definitions:
+            if self.analysis.is_none(definition.value):
+                maybe_none = True
+                continue
+            replayed = self._replayable(definition.value)
+            if replayed is not None:
+                plan.redefined[definition] = replayed
+            elif self.analysis.fsdp1_references(definition.value):
+                raise Unconvertible(
+                    f"{argument.value.value} = {self.ctx.code(definition.value)} is not a policy the rewrite can read; {_ADVICE}",
+                    definition.value,
+                )
+        if maybe_none and len(definitions) == sum(self.analysis.is_none(d.value) for d in definitions):
+            return
+        when = expression("NAME is not None", NAME=argument.value) if maybe_none else None
+        plan.policy = Policy(runtime=argument.value, name=argument.value.value, when=when)
 
     # ----- reading policies ------------------------------------------------------------------
 
@@ -199,6 +234,13 @@ class AutoWrapPolicyRule(KeywordRule):
     # ----- writing the loop ------------------------------------------------------------------
 
     def loop(self, plan, module, var: cst.Name, child: cst.Call, full_precision: tuple | None, skip) -> list[cst.BaseStatement]:
+        """The statements that shard the submodules FSDP1 wrapped, children first (see _loop), where the policy applies."""
+        loop = self._loop(plan, module, var, child, full_precision, skip)
+        if plan.policy.when is None:
+            return loop
+        return [cst.If(test=plan.policy.when, body=cst.IndentedBlock(loop))]
+
+    def _loop(self, plan, module, var: cst.Name, child: cst.Call, full_precision: tuple | None, skip) -> list[cst.BaseStatement]:
         """The statements that shard the submodules FSDP1 wrapped, children first.
 
         `full_precision` is (classes, call) for the modules FSDP1 wrapped in full

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, is_reevaluable, keyword, statements, with_commas
+from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, expression, is_reevaluable, keyword, statements, with_commas
 
 # fully_shard's keyword order.
 _ORDER = ("mesh", "reshard_after_forward", "mp_policy", "offload_policy", "ignored_params")
@@ -68,6 +68,8 @@ class Emitter:
         fully_shard = self.ctx.require_import("torch.distributed.fsdp", "fully_shard")
         setup = list(plan.before)
         if plan.site.is_partial:
+            if plan.has_children or needs_after(plan, rules):
+                return self._partial_function(fully_shard, setup)
             emission.before = setup
             emission.replacement = self._partial(fully_shard, setup)
             return emission
@@ -83,46 +85,8 @@ class Emitter:
                 module = self._variable(setup, "model", module_arg.value, "fsdp_model")
             module_arg = module_arg.with_changes(value=module)
 
-        shared = self._shared_kwargs(setup)
-        skip = None
-        if plan.ignored is not None:
-            skip = self._ignored(setup, shared, module)
-        settings = plan.mixed_precision
-        mp = rules.get("MF104")
-        root_policy = mp.policy(settings, root=True) if settings else None
-        sharding = plan.sharding
-        if sharding is not None and plan.has_children and self.statements_allowed and not isinstance(sharding, cst.Name):
-            sharding = self._variable(setup, "sharding", sharding, "fsdp_sharding")
-        if plan.sync_module_states:
-            full_state_dict = self.names.fresh(self.anchor, "full_state_dict", "fsdp1_full_state_dict")
-            setup += rules["MF110"].before(plan, module, full_state_dict)
-
-        if plan.has_children:
-            child = dict(shared)
-            if settings is not None:
-                child_policy = mp.policy(settings, root=False)
-                child["mp_policy"] = self._variable(setup, "mp_policy", child_policy, "fsdp_mp_policy")
-                if self.ctx.module.code_for_node(child_policy) == self.ctx.module.code_for_node(root_policy):
-                    root_policy = child["mp_policy"]
-            for name in ("offload_policy",):
-                if name in child and not isinstance(child[name], cst.Name):
-                    child[name] = shared[name] = self._variable(setup, name, child[name], f"fsdp_{name}")
-            var = cst.Name(self.names.fresh(self.anchor, plan.policy.var_hint, "module", "submodule"))
-            full_precision = None
-            classes = mp.full_precision_classes(settings, self.anchor) if settings else None
-            if classes is not None:
-                precise = {**child, "mp_policy": mp.full_precision_policy(settings, self.anchor)}
-                full_precision = (classes, self._fully_shard(fully_shard, var, precise, sharding))
-            loop = rules["MF102"].loop(plan, module, var, self._fully_shard(fully_shard, var, child, sharding), full_precision, skip)
-            comments = self._comments_of(plan.arguments["auto_wrap_policy"].arg)
-            loop[0] = loop[0].with_changes(leading_lines=[*comments, *loop[0].leading_lines])
-            setup += loop
-
-        root = dict(shared)
-        if root_policy is not None:
-            root["mp_policy"] = root_policy
+        root, sharding, after = self._shard(fully_shard, module, setup, setup)
         root_call = self._root_call(fully_shard, module_arg, root, sharding)
-        after = self._after(module, skip)
         root_statement = cst.SimpleStatementLine([cst.Expr(root_call)])
         if hoisted:
             emission.after = [*setup, root_statement, *after]
@@ -134,6 +98,77 @@ class Emitter:
         target = plan.site.target
         emission.drop_target = target is not None and self.ctx.code(target) == self.ctx.code(plan.arguments["module"].value)
         return emission
+
+    def _shard(self, fully_shard: str, module, setup: list, per_call: list) -> tuple[dict, cst.BaseExpression | None, list]:
+        """The root's fully_shard keywords, the `**` sharding mapping, and the statements after the root.
+
+        What every call may share (the mesh, the policies) goes to `setup`;
+        what each sharded module needs (rank 0's weights, the loop over its
+        children) to `per_call`.
+        """
+        plan, rules = self.plan, self.rules
+        shared = self._shared_kwargs(setup)
+        skip = None
+        if plan.ignored is not None:
+            skip = self._ignored(per_call, shared, module)
+        settings = plan.mixed_precision
+        mp = rules.get("MF104")
+        root_policy = mp.policy(settings, root=True) if settings else None
+        sharding = plan.sharding
+        if sharding is not None and plan.has_children and self.statements_allowed and not isinstance(sharding, cst.Name):
+            sharding = self._variable(setup, "sharding", sharding, "fsdp_sharding")
+        if plan.sync_module_states:
+            full_state_dict = self.names.fresh(self.anchor, "full_state_dict", "fsdp1_full_state_dict")
+            per_call += rules["MF110"].before(plan, module, full_state_dict)
+
+        if plan.has_children:
+            child = dict(shared)
+            if settings is not None:
+                child_policy = mp.policy(settings, root=False)
+                child["mp_policy"] = self._variable(setup, "mp_policy", child_policy, "fsdp_mp_policy")
+                if self.ctx.module.code_for_node(child_policy) == self.ctx.module.code_for_node(root_policy):
+                    root_policy = child["mp_policy"]
+            for name in ("offload_policy",):
+                if name in child and not isinstance(child[name], cst.Name):
+                    child[name] = shared[name] = self._variable(setup, name, child[name], f"fsdp_{name}")
+            hints = [hint for hint in (plan.policy.var_hint, "module", "submodule") if hint != self.ctx.code(module)]
+            var = cst.Name(self.names.fresh(self.anchor, *hints))
+            full_precision = None
+            classes = mp.full_precision_classes(settings, self.anchor) if settings else None
+            if classes is not None:
+                precise = {**child, "mp_policy": mp.full_precision_policy(settings, self.anchor)}
+                full_precision = (classes, self._fully_shard(fully_shard, var, precise, sharding))
+            loop = rules["MF102"].loop(plan, module, var, self._fully_shard(fully_shard, var, child, sharding), full_precision, skip)
+            comments = self._comments_of(plan.arguments["auto_wrap_policy"].arg)
+            loop[0] = loop[0].with_changes(leading_lines=[*comments, *loop[0].leading_lines])
+            per_call += loop
+
+        root = dict(shared)
+        if root_policy is not None:
+            root["mp_policy"] = root_policy
+        return root, sharding, self._after(module, skip)
+
+    def _partial_function(self, fully_shard: str, setup: list) -> Emission:
+        """`functools.partial(FSDP, ...)` whose FSDP2 form needs statements: a function of the module doing them.
+
+        It is called as the partial was (`wrapper(model)`) and returns the
+        module, as FSDP(...) returned the wrapped one; the mesh and the
+        policies are built once, where the partial was.
+        """
+        name = self.names.fresh(self.anchor, "fsdp_wrap", "fully_shard_wrapper")
+        module = cst.Name("module")
+        body = []
+        root, sharding, after = self._shard(fully_shard, module, setup, body)
+        body += [cst.SimpleStatementLine([cst.Expr(self._fully_shard(fully_shard, module, root, sharding))]), *after]
+        body.append(cst.SimpleStatementLine([cst.Return(module)]))
+        comment = cst.EmptyLine(comment=cst.Comment("# FSDP1's functools.partial(FSDP, ...): shards `module` as those arguments did"))
+        function = cst.FunctionDef(
+            name=cst.Name(name),
+            params=cst.Parameters([cst.Param(module)]),
+            body=cst.IndentedBlock(body),
+            leading_lines=[comment],
+        )
+        return Emission(before=[*setup, function], replacement=cst.Name(name))
 
     # ----- pieces -------------------------------------------------------------------------------
 
@@ -170,9 +205,14 @@ class Emitter:
         settings = plan.mixed_precision
         dtype = rules["MF104"].buffer_dtype(settings) if settings is not None else None
         if dtype is not None:
-            after += self._cast_buffers(module, dtype, skip)
+            if isinstance(dtype, cst.IfExp):  # chosen at run time, None where no cast is needed
+                var = self.names.fresh(self.anchor, "buffer_dtype", "fsdp_buffer_dtype")
+                cast = self._cast_buffers(module, cst.Name(var), skip)
+                after += [assign(var, dtype), cst.If(test=expression(f"{var} is not None"), body=cst.IndentedBlock(cast))]
+            else:
+                after += self._cast_buffers(module, dtype, skip)
         if plan.forward_prefetch:
-            after += statements(rules["MF109"].statements(module), MODULE=module)
+            after += rules["MF109"].statements(plan, module)
         return after
 
     def _cast_buffers(self, module, dtype, skip) -> list[cst.BaseStatement]:

@@ -6,9 +6,12 @@ iteration and, from the second on, prefetches the next module's all-gather
 `FSDPModule.set_modules_to_forward_prefetch` (tutorial, seeds/002); since the
 order is only known once the model has run, the rewrite adds a small helper
 that records the first forward's order, exactly as FSDP1 did, and then sets
-each module to prefetch the next one.
+each module to prefetch the next one. A flag known only at run time does so
+where it holds.
 """
 
+from migrate_fsdp.rewrite.rules.construction.codegen import statements
+from migrate_fsdp.rewrite.rules.construction.flags import flag, guarded
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 
 HELPER = "_fsdp1_forward_prefetch"
@@ -22,13 +25,10 @@ class ForwardPrefetchRule(KeywordRule):
 
     def apply(self, argument, plan) -> None:
         value, _ = self.analysis.follow(argument.value, plan)
-        enabled = self.analysis.literal_bool(value)
+        enabled = flag(self.analysis, value, plan, "forward_prefetch")  # at run time: prefetch where it holds
         if enabled is None:
-            raise Unconvertible(
-                f"forward_prefetch={self.ctx.code(argument.value)} is known only at run time; with FSDP2 call "
-                "set_modules_to_forward_prefetch on each FSDP module (see docs/rules/MF109.md) where it is True"
-            )
+            raise Unconvertible(f"forward_prefetch={self.ctx.code(argument.value)} uses other FSDP1 names")
         plan.forward_prefetch = enabled
 
-    def statements(self, module) -> str:
-        return f"{self.ctx.add_helper(HELPER)}(MODULE)"
+    def statements(self, plan, module) -> list:
+        return guarded(plan.forward_prefetch, statements(f"{self.ctx.add_helper(HELPER)}(MODULE)", MODULE=module))

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import assign, is_reevaluable, statements
+from migrate_fsdp.rewrite.rules.construction.codegen import statements
+from migrate_fsdp.rewrite.rules.construction.flags import flag, guarded
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 
 _FLOW = (
@@ -47,15 +48,9 @@ class MetaInitRule(KeywordRule):
     def apply(self, argument, plan) -> None:
         value, _ = self.analysis.follow(argument.value, plan)
         if argument.name == "sync_module_states":
-            sync = self.analysis.literal_bool(value)
-            if sync is None:  # a flag known at run time (`cfg.low_cpu_fsdp`): the flow runs where it holds
-                if self.analysis.fsdp1_references(value):
-                    raise Unconvertible(f"sync_module_states={self.ctx.code(argument.value)} uses other FSDP1 names")
-                sync = value
-                if not is_reevaluable(value):  # read twice: once, into a variable
-                    name = self.analysis.names.fresh(plan.site.node, "sync_module_states", "fsdp1_sync_module_states")
-                    plan.before.append(assign(name, value))
-                    sync = cst.Name(name)
+            sync = flag(self.analysis, value, plan, "sync_module_states")  # at run time: the flow runs where it holds
+            if sync is None:
+                raise Unconvertible(f"sync_module_states={self.ctx.code(argument.value)} uses other FSDP1 names")
             plan.sync_module_states = sync
         elif not self.analysis.is_none(value):
             plan.param_init = self._materialiser(value) or argument
@@ -143,6 +138,4 @@ class MetaInitRule(KeywordRule):
             """,
             MODULE=module,
         )
-        if plan.sync_module_states is not True:
-            result = [cst.If(test=plan.sync_module_states, body=cst.IndentedBlock(result))]
-        return result
+        return guarded(plan.sync_module_states, result)

@@ -92,11 +92,6 @@ class MixedPrecisionRule(KeywordRule):
         branches = choice.leaves(tree)
         if all(settings is None for settings in branches):
             return
-        if isinstance(tree, choice.Choice) and any(s is not None and self._buffer_dtype(s) is not None for s in branches):
-            raise Unconvertible(
-                f"mixed_precision={self.ctx.code(argument.value)} chooses a MixedPrecision with buffer_dtype at run time; "
-                "fully_shard does not cast buffers, so cast them after sharding in the branch that needs it"
-            )
         plan.mixed_precision = tree
 
     def _assigned(self, argument, definitions, plan) -> Assigned | None:
@@ -188,7 +183,8 @@ class MixedPrecisionRule(KeywordRule):
     def _assigned_policy(self, assigned: Assigned, root: bool) -> cst.BaseExpression:
         default = call(self.ctx.require_import(*POLICY))
         first = assigned.settings[0]  # all agree on the casts (finish)
-        if root or not (first.cast_root and not first.cast and first.dtype("param_dtype") is not None):
+        casts = any(settings.dtype("param_dtype") is not None for settings in assigned.settings)
+        if root or not (casts and first.cast_root and not first.cast):
             return expression("NAME or DEFAULT", NAME=assigned.name, DEFAULT=default) if assigned.maybe_none else assigned.name
         replace = self.analysis.names.ref(assigned.name, "dataclasses.replace")
         child = expression(f"{replace}(NAME, cast_forward_inputs=False)", NAME=assigned.name)
@@ -243,8 +239,18 @@ class MixedPrecisionRule(KeywordRule):
         return call("tuple", given)
 
     def buffer_dtype(self, settings) -> cst.BaseExpression | None:
-        """The dtype buffers must be cast to, unless it is a no-op (None, float32); a choice never has one (see apply)."""
-        return None if isinstance(settings, (choice.Choice, Assigned)) else self._buffer_dtype(settings)
+        """The dtype buffers must be cast to, unless it is a no-op (None, float32).
+
+        For a choice, an if-expression giving None in the branches that cast nothing.
+        """
+        if isinstance(settings, Assigned):  # never with a buffer_dtype (see _assigned)
+            return None
+        if not isinstance(settings, choice.Choice):
+            return self._buffer_dtype(settings)
+        dtypes = {id(branch): self._buffer_dtype(branch) if branch is not None else None for branch in choice.leaves(settings)}
+        if all(dtype is None for dtype in dtypes.values()):
+            return None
+        return choice.join(settings, lambda branch: cst.Name("None") if dtypes[id(branch)] is None else dtypes[id(branch)])
 
     def _buffer_dtype(self, settings: Settings) -> cst.BaseExpression | None:
         dtype = settings.dtype("buffer_dtype")

@@ -80,7 +80,7 @@ class Plan:
     policy: object | None = None  # auto_wrap_policy.Policy
     ignored: object | None = None  # ignored_modules.Ignored
     mixed_precision: object | None = None  # mixed_precision.Settings
-    forward_prefetch: bool = False
+    forward_prefetch: bool | cst.BaseExpression = False  # an expression: a flag read at run time
     sync_module_states: bool | cst.BaseExpression = False  # an expression: a flag read at run time
     param_init: object | None = None  # meta_init.ParamInit
     before: list[cst.BaseStatement] = field(default_factory=list)  # statements that must run first

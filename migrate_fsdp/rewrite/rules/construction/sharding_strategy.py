@@ -57,6 +57,17 @@ class ShardingStrategyRule(KeywordRule):
             self.analysis.unfollow(definition, plan)
             value = argument.value
         self._tables_by_name(value, plan)
+        for assigned in self.analysis.assigned_on_branches(value, plan) or ():
+            # `strategy = ShardingStrategy.X` / `if ...: strategy = ...`: each assignment gives the name instead
+            named = self._as_names(assigned.value)
+            if named is None:
+                raise Unconvertible(
+                    f"{self.ctx.code(assigned.value)} ({self.ctx.code(value)} at the call) cannot be mapped to FSDP2 "
+                    "(it uses other FSDP1 names); assign a ShardingStrategy member or its name",
+                    assigned.value,
+                )
+            if self.ctx.code(named) != self.ctx.code(assigned.value):
+                plan.redefined[assigned] = named
         runtime = self._as_names(value)
         if runtime is None:
             raise Unconvertible(

@@ -140,7 +140,9 @@ class WrapCall(Rule):
             for arg in site.node.args:
                 definition = self.analysis.definitions.of(arg.value) if arg.star == "**" else None
                 if definition is not None:
-                    self.analysis.fsdp1_arguments.update(subtree_ids(definition.value))
+                    for value in [definition.value, *self.analysis.definitions.fill_values(definition)]:
+                        self.analysis.fsdp1_arguments.update(subtree_ids(value))
+        self.analysis.close_fsdp1_arguments()
         for site in self._sites:
             before = dict(self.ctx.imports), dict(self.ctx.helpers)
             plan = self._plan(site)
@@ -210,12 +212,12 @@ class WrapCall(Rule):
         after = needs_after(plan, self.rules)
         code = "MF102" if plan.has_children and "MF102" in self.rules else self.code
         if site.is_partial:
-            if plan.has_children or after:
+            if (plan.has_children or after) and not (site.can_insert and not site.in_lambda):
                 what = "auto_wrap_policy" if plan.has_children else after[0]
                 self._problem(
                     plan, site.node, code,
-                    f"functools.partial(FSDP, {what}=...) needs statements around each call; call FSDP (or fully_shard "
-                    "with explicit loops) where the module is wrapped",
+                    f"functools.partial(FSDP, {what}=...) becomes a function defined before this statement, which "
+                    "cannot go here (one-line suite, lambda or clause); put the partial on a line of its own",
                 )
             return
         needs_statements = bool(plan.before) or plan.has_children or bool(after) or plan.sharding is not None and plan.has_children
@@ -254,10 +256,11 @@ class WrapCall(Rule):
             changed = False
             for key, definition in candidates.items():
                 if key not in self._removed and all(id(load) in gone for load in definition.loads):
-                    self._removed.add(key)
                     self.analysis.names.released.add(definition.assignment)
-                    gone.update(subtree_ids(definition.value))
-                    self.ctx.mark_handled(definition.statement)
+                    for statement in definition.statements:  # with a kwargs dict's `kw["key"] = ...` lines
+                        self._removed.add(id(statement))
+                        gone.update(subtree_ids(statement))
+                        self.ctx.mark_handled(statement)
                     changed = True
 
     def _share_setup_at_kwargs_dicts(self) -> None:
@@ -300,6 +303,8 @@ class WrapCall(Rule):
         if len(sources) != 1 or None in sources:
             return None
         (definition,) = sources
+        if getattr(definition, "fills", ()):  # items set after the dict may name what only exists after it
+            return None
         statement = definition.statement
         if id(statement) not in self.analysis.insertable or self.analysis.initialises_between(statement, plan.site.statement):
             return None
@@ -363,6 +368,11 @@ class WrapCall(Rule):
         self._dropped[id(updated)] = updated
         return updated
 
+    def leave_If(self, original, updated):
+        if id(original) in self._removed:  # an `if` that only filled a removed kwargs dict
+            self._dropped[id(updated)] = updated
+        return updated
+
     def leave_IndentedBlock(self, original, updated):
         return self._without_removed(updated)
 
@@ -419,4 +429,3 @@ _SETUP_ARGUMENTS = ("sharding_strategy", "process_group", "device_mesh", "device
 
 def _setup_nodes(plan: Plan) -> list:
     return [*plan.before, *(node for node in (plan.mesh, plan.sharding) if node is not None)]
-
