@@ -2,8 +2,10 @@
 
 The aim is an output with no pyflakes finding its input did not have. An
 import is dropped when nothing in the rewritten file uses the name it binds
-any more and either it is FSDP1's or the input used it (the rewrite took its
-last use away: `functools` of a removed `functools.partial(...)` policy); an
+any more and the input used it (the rewrite took its last use away:
+`functools` of a removed `functools.partial(...)` policy), or it is FSDP1's
+and the file keeps no FSDP1 at all (an FSDP1 file that stays partly FSDP1
+keeps the imports it did not use, as they were); an
 unconverted use keeps its import, next to its TODO. Names in string
 annotations count as uses. FSDP2 names the rules asked for are added once and
 only when the output uses them, merged into an existing `from M import ...`
@@ -14,7 +16,7 @@ when there is one, else where the FSDP imports stood, inside the same
 import libcst as cst
 
 from migrate_fsdp.rewrite.names import FSDP_PACKAGE, is_fsdp1
-from migrate_fsdp.rewrite.syntax import chain_root, dotted, imported_modules, is_docstring, is_import_line
+from migrate_fsdp.rewrite.syntax import chain_root, dotted, imported_modules, is_docstring, is_import_line, walk
 
 
 class _UsedNames(cst.CSTVisitor):
@@ -145,6 +147,17 @@ def _relaid(layout, comment_from, lines_too: bool = True):
     return layout.with_changes(whitespace_after=whitespace)
 
 
+def _import_aliases(module: cst.Module):
+    """(qualified name, alias) of every absolute import in `module`, at any depth."""
+    for node, _ in walk(module):
+        if isinstance(node, cst.ImportFrom) and not node.relative and not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                yield f"{dotted(node.module)}.{dotted(alias.name)}", alias
+        elif isinstance(node, cst.Import):
+            for alias in node.names:
+                yield dotted(alias.name), alias
+
+
 class _DropUnusedImports(cst.CSTTransformer):
     """Drops the imports nobody uses any more: FSDP1's, and those the input used."""
 
@@ -155,6 +168,12 @@ class _DropUnusedImports(cst.CSTTransformer):
         self.used_before_anywhere = used_before_anywhere
         self.functions: list[_UsedNames] = []  # the uses inside each enclosing function, innermost last
         self.emptied: set[int] = set()  # ids of the original import lines dropped whole
+        self.keeps_fsdp1 = False  # some FSDP1 import is still used: the file stays partly FSDP1
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.keeps_fsdp1 = any(
+            is_fsdp1(qualified) and _uses(self.used, alias, by_chain=True) for qualified, alias in _import_aliases(node)
+        )
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         inside = _UsedNames(scoped=False)
@@ -187,11 +206,12 @@ class _DropUnusedImports(cst.CSTTransformer):
     def _drop(self, qualified: str, alias: cst.ImportAlias) -> bool:
         # An import inside a function serves that function only.
         used, used_before = (self.functions[-1], self.used_before_anywhere) if self.functions else (self.used, self.used_before)
-        if is_fsdp1(qualified):
-            return not _uses(used, alias, by_chain=True)
-        if not _uses(used_before, alias, by_chain=False):
+        by_chain = is_fsdp1(qualified)
+        if by_chain and not self.keeps_fsdp1:
+            return not _uses(used, alias, by_chain=True)  # a file now free of FSDP1 keeps none of its imports
+        if not _uses(used_before, alias, by_chain=by_chain):
             return False  # unused in the input too: a re-export or a side effect, not ours to judge
-        return not _uses(used, alias, by_chain=False)
+        return not _uses(used, alias, by_chain=by_chain)
 
     def leave_SimpleStatementLine(self, original, updated):
         if not updated.body:
