@@ -68,6 +68,7 @@ class FileContext:
         self._positions = None
         self.dual_versions = DualVersionRegions(self)
         self.program = Gate(self, None)
+        self.use_codes: frozenset = frozenset()  # codes whose reports are uses of models left FSDP1
 
     def with_verdict(self, verdict) -> "FileContext":
         """A fresh context over the same parsed tree and metadata, for a rewrite under the program's verdict."""
@@ -141,6 +142,8 @@ class FileContext:
         """Leave `node` as it is and tell the user why, with a TODO in the file."""
         self._reports.append((node, code, message))
         self._covered.add(id(node))
+        if code in self.use_codes:
+            self.program.stays(node, code, tuple(self.stack))
         if self._todo:
             edits = self._edits_for(self.statement())
             if code not in edits.todos:

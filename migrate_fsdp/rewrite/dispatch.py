@@ -65,6 +65,7 @@ class Dispatcher(cst.CSTTransformer):
     def __init__(self, ctx: FileContext, rules: list, catch_leftovers: bool) -> None:
         super().__init__()
         self.ctx = ctx
+        ctx.use_codes = frozenset(rule.code for rule in rules if rule.reports_model_uses)
         self._collect = _hooks(rules, "collect_")
         self._visit = _hooks(rules, "visit_")
         self._leave = _hooks(rules, "leave_")

@@ -32,6 +32,9 @@ class Rule:
     # never names torch.distributed.fsdp (e.g. `.no_sync(` on a model built
     # in another file).
     tokens: ClassVar[tuple[bytes, ...]] = ()
+    # What the rule's own reports are about: uses of models (left FSDP1, so the models must stay FSDP1 with
+    # them: analysis/program.py), rather than constructors or their settings.
+    reports_model_uses: ClassVar[bool] = False
 
     def __init__(self, ctx: FileContext) -> None:
         self.ctx = ctx

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.escapes import escapes
-from migrate_fsdp.rewrite.analysis.models import fsdp_models
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
@@ -48,6 +48,7 @@ class FileFacts:
     places: dict = field(default_factory=dict)  # constructor Position -> the function holding it, for messages
     escaping: set = field(default_factory=set)  # constructors whose model may reach code out of the file's sight
     uses: dict = field(default_factory=dict)  # (Position, code) -> Use
+    staying: dict = field(default_factory=dict)  # (Position, code) -> Use a rule could not convert: it stays FSDP1
     imports_fsdp1: bool = False  # names torch's FSDP1 (not fairscale's, not FSDP2)
     asked_about_fsdp1: bool = False  # a rule asked whether the program builds FSDP1 models at all
 
@@ -91,26 +92,34 @@ def decide(facts: list[FileFacts]) -> dict[str, Verdict]:
             for other in sites[1:]:
                 parent[find(other)] = find(sites[0])
     kept = {(f.path, p) for f in facts for p, converts in f.constructors.items() if not converts}
+    held = {}  # a constructor that could convert but has a use that stays FSDP1 -> that use's file
+    for file in facts:
+        for use in file.staying.values():
+            for position in use.ties:
+                held.setdefault((file.path, position), file.path)
     untied = sorted(f.path for f in facts for use in f.uses.values() if use.untied)
+    untied_staying = sorted(f.path for f in facts for use in f.staying.values() if use.untied)
     escaping = {}  # a constructor that converts but whose model may meet an untied use that stays -> that use's file
-    if kept and untied:
-        escaping = {(f.path, p): untied[0] for f in facts for p in f.escaping if f.constructors.get(p)}
+    if (kept or held) and untied or untied_staying:
+        first = (untied_staying or untied)[0]
+        escaping = {(f.path, p): first for f in facts for p in f.escaping if f.constructors.get(p)}
+    escaping = {site: path for site, path in escaping.items() if site not in held}
+    kept_for_uses = set(held) | set(escaping)
     cause = {}  # component root -> the first constructor in it that cannot convert
-    for site in sorted(kept | set(escaping)):
+    for site in sorted(kept | kept_for_uses):
         cause.setdefault(find(site), site)
     verdicts: dict[str, Verdict] = {}
-    first_kept = min(kept) if kept else None
+    first_kept = min(kept or kept_for_uses) if kept or kept_for_uses else None  # a root cause first
     builds_fsdp1 = any(f.imports_fsdp1 or f.constructors for f in facts)
     for file in facts:
         verdict = Verdict(builds_fsdp1=builds_fsdp1 and file.asked_about_fsdp1)
         for position, converts in file.constructors.items():
             site = (file.path, position)
             blocker = cause.get(find(site))
-            if converts and blocker in escaping:
-                verdict.blocked[position] = (
-                    f"its model may reach FSDP1 code in {escaping[blocker]} that stays with the FSDP(...) in "
-                    f"{where(first_kept)}"
-                )
+            if converts and blocker in held:
+                verdict.blocked[position] = f"its model has a use that stays FSDP1 (in {held[blocker]})"
+            elif converts and blocker in escaping:
+                verdict.blocked[position] = f"its model may reach FSDP1 code that stays (in {escaping[blocker]})"
             elif converts and blocker is not None:
                 verdict.blocked[position] = f"stays FSDP1 with the FSDP(...) in {where(blocker)}, which shares its uses"
         for key, use in file.uses.items():
@@ -160,19 +169,36 @@ class Gate:
         self.facts.asked_about_fsdp1 = True
         return False
 
+    def stays(self, node, code: str, stack) -> None:
+        """Record that a rule leaves the FSDP1 use `node` as it is: the models that reach it stay FSDP1 with it.
+        A call of the FSDP class's own API (`FSDP.state_dict_type(m, ...)`) takes an FSDP1 model, whatever this
+        file can trace of it."""
+        if self.verdict is not None or self.ctx.dual_versions.holds(stack):
+            return
+        ties, untied, _ = self._origins(node, stack)
+        if not ties and _takes_an_fsdp1_model(self.ctx, node):
+            untied = True
+        if ties or untied:
+            self.facts.staying[(self.ctx.position(node), code)] = Use(code, frozenset(ties), untied)
+
+    def _origins(self, node, stack) -> tuple[set, bool, bool]:
+        """(positions of the constructors, a model out of sight, an FSDP2 module) that may reach `node`."""
+        models = fsdp_models(self.ctx)
+        ties, untied, fsdp2 = set(), False, False
+        for expression in _model_expressions(node):
+            origins = models.origins(expression, stack)
+            if origins is not None:
+                ties |= {self.ctx.position(c) for c in origins.constructors}
+                untied = untied or origins.untied
+                fsdp2 = fsdp2 or origins.fsdp2
+        return ties, untied, fsdp2
+
     def use(self, node, code: str, stack) -> Denial | None:
         """Why the FSDP1 use `node` (original, at `stack`) must not become FSDP2 code, if it must not."""
         ctx = self.ctx
         if ctx.dual_versions.holds(stack):
             return Denial(DUAL_VERSION, "already serves FSDP1 and FSDP2; left as is")
-        models = fsdp_models(ctx)
-        ties, untied, fsdp2 = set(), False, False
-        for expression in _model_expressions(node):
-            origins = models.origins(expression, stack)
-            if origins is not None:
-                ties |= {ctx.position(c) for c in origins.constructors}
-                untied = untied or origins.untied
-                fsdp2 = fsdp2 or origins.fsdp2
+        ties, untied, fsdp2 = self._origins(node, stack)
         if fsdp2:
             if ties or untied:
                 return Denial(DUAL_VERSION, "the model may be FSDP1 or FSDP2 here; left as is")
@@ -182,6 +208,12 @@ class Gate:
         key = (ctx.position(node), code)
         self.facts.uses[key] = Use(code, frozenset(ties), untied or not ties)
         return self.verdict.denied.get(key) if self.verdict is not None else None
+
+
+def _takes_an_fsdp1_model(ctx, node) -> bool:
+    return isinstance(node, cst.Call) and bool(node.args) and any(
+        name.startswith(FSDP_CLASS + ".") for name in ctx.fsdp1_names(node.func)
+    )
 
 
 def _model_expressions(node):

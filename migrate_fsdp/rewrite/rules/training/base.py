@@ -24,6 +24,7 @@ FSDP2_TOKENS = (b"fsdp import",)
 
 class TrainingRule(Rule):
     tokens = FSDP2_TOKENS
+    reports_model_uses = True
 
     @property
     def models(self) -> FsdpModels:
