@@ -69,6 +69,7 @@ class FileContext:
         self.dual_versions = DualVersionRegions(self)
         self.program = Gate(self, None)
         self.use_codes: frozenset = frozenset()  # codes whose reports are uses of models left FSDP1
+        self.capabilities: frozenset = frozenset()  # what the selected rules provide (rule.py)
 
     def with_verdict(self, verdict) -> "FileContext":
         """A fresh context over the same parsed tree and metadata, for a rewrite under the program's verdict."""

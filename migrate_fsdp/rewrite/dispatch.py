@@ -66,6 +66,7 @@ class Dispatcher(cst.CSTTransformer):
         super().__init__()
         self.ctx = ctx
         ctx.use_codes = frozenset(rule.code for rule in rules if rule.reports_model_uses)
+        ctx.capabilities = frozenset().union(*(rule.provides for rule in rules))
         self._collect = _hooks(rules, "collect_")
         self._visit = _hooks(rules, "visit_")
         self._leave = _hooks(rules, "leave_")

@@ -23,6 +23,9 @@ from typing import ClassVar
 
 from migrate_fsdp.rewrite.context import FileContext
 
+FSDP2_MODELS = "fsdp2-models"  # FSDP(...) constructors become fully_shard
+OPTIMIZER_STATE = "optimizer-state"  # FSDP1 optimizer-state calls become FSDP2 ones
+
 
 class Rule:
     code: ClassVar[str]
@@ -35,6 +38,9 @@ class Rule:
     # What the rule's own reports are about: uses of models (left FSDP1, so the models must stay FSDP1 with
     # them: analysis/program.py), rather than constructors or their settings.
     reports_model_uses: ClassVar[bool] = False
+    # What the rule's rewrite gives other rules to count on when it is selected (FSDP2_MODELS,
+    # OPTIMIZER_STATE): rules ask for a capability, never for another rule's code.
+    provides: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, ctx: FileContext) -> None:
         self.ctx = ctx

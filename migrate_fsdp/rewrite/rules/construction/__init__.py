@@ -3,7 +3,3 @@
 MF101 finds and rewrites the calls; each FSDP1 keyword has its own rule and
 code (MF102-MF110), which MF101 applies; MF111 reports manual wrapping.
 """
-
-from migrate_fsdp.rewrite.rules.construction.wrap_call import KEYWORD_RULES, WrapCall
-
-CONSTRUCTION_RULES: list = sorted([WrapCall, *KEYWORD_RULES], key=lambda rule: rule.code)

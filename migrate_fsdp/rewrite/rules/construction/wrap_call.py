@@ -15,7 +15,7 @@ why. It also gives FSDP1 construction names found outside a converted call
 import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.program import BLOCKED, DUAL_VERSION
-from migrate_fsdp.rewrite.rule import Rule
+from migrate_fsdp.rewrite.rule import FSDP2_MODELS, Rule
 from migrate_fsdp.rewrite.rules.construction.analysis import Analysis
 from migrate_fsdp.rewrite.rules.construction.arguments import Unbindable, bind
 from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import AutoWrapPolicyRule
@@ -55,6 +55,7 @@ _LEFT_AS_IS = "FSDP(...) left as is: "
 
 class WrapCall(Rule):
     code = "MF101"
+    provides = frozenset({FSDP2_MODELS})
     name = "wrap-call"
     summary = "FSDP(module, ...) -> fully_shard(module, ...), in all its forms"
 

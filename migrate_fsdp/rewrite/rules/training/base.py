@@ -7,15 +7,14 @@ rule that needs one of these hooks for itself calls `super()` first.
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rule import Rule
+from migrate_fsdp.rewrite.rule import FSDP2_MODELS, Rule
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, FsdpModels, Kind, fsdp_models
 from migrate_fsdp.rewrite.syntax import dotted
 
 
 _TYPE_CHECKS = ("builtins.isinstance", "builtins.issubclass")
 _CASTS = ("typing.cast", "typing_extensions.cast")
-WRAP_CALL_CODE = "MF101"
-NEEDS_WRAP_CALL = f"not converted: {WRAP_CALL_CODE} (wrap-call) is not selected, so the models stay FSDP1; select it too"
+NEEDS_WRAP_CALL = "not converted: MF101 (wrap-call) is not selected, so the models stay FSDP1; select it too"
 # A file importing FSDP2 names may hold what an earlier run converted or reported (`model: FSDPModule`
 # with a `.module` left on it): every training rule parses it, so a re-run reports the same. (The
 # rewrite always imports them as `from torch.distributed.fsdp import ...`.)
@@ -84,7 +83,7 @@ class TrainingRule(Rule):
     def fsdp2_ahead(self, node, stack=None) -> bool:
         """Whether FSDP2 code may replace the original `node`: only when the models it uses become
         FSDP2 ones, which the program decides (analysis/program.py); otherwise `node` is reported."""
-        if not self.ctx.selected(WRAP_CALL_CODE):
+        if FSDP2_MODELS not in self.ctx.capabilities:
             self.ctx.report(node, self.code, NEEDS_WRAP_CALL)
             return False
         denial = self.ctx.program.use(node, self.code, tuple(self.ctx.stack if stack is None else stack))

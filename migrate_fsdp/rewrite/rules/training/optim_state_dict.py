@@ -23,6 +23,7 @@ recognised in its current order `(model, optim, osd)`, in the legacy order
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.rule import OPTIMIZER_STATE
 from migrate_fsdp.rewrite.rules.training.base import bind, literal_bool
 from migrate_fsdp.rewrite.analysis.models import assignments_of
 from migrate_fsdp.rewrite.rules.training.state_dicts import (
@@ -48,6 +49,7 @@ _TO_LOAD_LEGACY = ("optim_state_dict", "model", "optim", "is_named_optimizer", "
 
 class OptimStateDict(UsesStateDictPlan):
     code = "MF203"
+    provides = frozenset({OPTIMIZER_STATE})
     name = "optim-state-dict"
     summary = "FSDP.optim_state_dict / optim_state_dict_to_load / full_optim_state_dict ... -> get/set_optimizer_state_dict"
 

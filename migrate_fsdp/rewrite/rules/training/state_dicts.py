@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.training.base import WRAP_CALL_CODE, RemovesStatements, bind, literal_bool
+from migrate_fsdp.rewrite.rule import FSDP2_MODELS, OPTIMIZER_STATE
+from migrate_fsdp.rewrite.rules.training.base import RemovesStatements, bind, literal_bool
 from migrate_fsdp.rewrite.syntax import walk
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, assignments_of, fsdp_models
 from migrate_fsdp.rewrite.syntax import dotted
@@ -456,7 +457,8 @@ class UsesStateDictPlan(RemovesStatements):
         self.plan.note_call(node)
 
     def visit_Module(self, node) -> None:
-        self.plan.build(optim_rule_selected=self.ctx.selected("MF203"), wrap_selected=self.ctx.selected(WRAP_CALL_CODE))
+        capabilities = self.ctx.capabilities
+        self.plan.build(optim_rule_selected=OPTIMIZER_STATE in capabilities, wrap_selected=FSDP2_MODELS in capabilities)
 
 
 # ----- building the FSDP2 calls ----------------------------------------------------------
