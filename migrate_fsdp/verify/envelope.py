@@ -10,24 +10,30 @@ perturbed before each update by noise of the size of the detected rounding
 causes (perturb.py). The control's gap to the old run is how this training
 amplifies rounding; the new version's gap must stay within FACTOR times it:
 
-* per step k >= EARLY_STEPS, for the loss of each rank and for the gradient,
-  parameter and clip norms: |new - old| <= FACTOR * (the largest control gap
-  of that quantity up to step k), or the quantity's own floor (one unit in the
-  last place of the loss's dtype; the float64 norm summation bound);
+* at every step k >= EARLY_STEPS, for the loss of each rank and for the
+  gradient, parameter and clip norms: |new - old| <= FACTOR * (the largest
+  gap of that quantity in the control from EARLY_STEPS on), or the
+  quantity's own floor (one unit in the last place of the loss's dtype; the
+  float64 norm summation bound; the clip norm's summation bound). The whole
+  late trajectory's largest gap, not the control's largest so far: a single
+  control wanders near zero for stretches, which a correct migration that
+  took its first rounding kick earlier would fail against;
 * over the whole trajectory from EARLY_STEPS on (`drift`): |mean of the
   signed gaps| <= FACTOR * (root mean square of the control's gaps). Rounding
   noise wanders; a wrong learning rate, weight decay or loss scale pushes
   the gap steadily one way, and its mean grows with the run where noise's
   does not outgrow its own spread.
 
-FACTOR = 5.0
+FACTOR = 5: a control and a correct migration are two draws of the same kind
 of rounding noise, and their gaps differ by the chance of each draw. Measured
 on the 200-step bf16 + accumulation + clipping test script
-(tests/verify/scripts/long_bf16), the largest parameter-norm gap of six
-controls (seeds 0-5) spread over a factor of 3.4 (2.2e-5 to 1.0e-4), with
-the correct migration at 1.1e-4; a 1% larger learning rate reached 8.7e-4.
-4 is above the spread between draws and below the 8x to 40x a 1% learning
-rate makes (docs/verify.md has the measured margins).
+(tests/verify/scripts/long_bf16) with six control seeds, the largest late
+parameter-norm gap of a control ranged from 4.2e-5 to 1.1e-4 (a spread of
+2.6x); the correct migration's was 1.1e-4 (1.0x to 2.6x a control's), a
+learning rate 1% larger's 8.7e-4 (8x to 21x). 5 sits between those, near
+their geometric middle, so that neither margin is thin: the correct
+migration used at most 52% of its bounds, the wrong learning rate exceeded
+them by 1.6x or more (docs/verify.md has the figures).
 """
 
 import math
