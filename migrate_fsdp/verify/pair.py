@@ -51,35 +51,36 @@ def run_pair(name: str, old, new, launch, placement, workdir) -> Outcome:
     outcome.failures = [f for run in runs for f in run_failures(run, launch.steps, launch.timeout)]
     if outcome.failures:
         return outcome
-    control = _control(old, runs, launch, placement, workdir)
+    control, control_places = _control(old, runs, launch, placement, workdir)
     if control is not None:
         outcome.runs.append(control)
         outcome.failures = run_failures(control, launch.steps, launch.timeout)
         if outcome.failures:
             return outcome
     outcome.verdict = compare(runs[0], runs[1], launch.steps, control)
-    _add_checkpoints(outcome.verdict, runs[:2], old_places)
+    _add_checkpoints(outcome.verdict, runs[:2], old_places, control and (control, control_places))
     return outcome
 
 
-def _control(old, runs: list, launch, placement, workdir):
-    """The old version run once more with rounding-sized noise (envelope.py), when the pair needs one."""
+def _control(old, runs: list, launch, placement, workdir) -> tuple:
+    """(the old version run once more with rounding-sized noise (envelope.py), where its saved files went),
+    or (None, None) when the pair needs no control."""
     setting, steps = setting_of(runs[0], runs[1], launch.steps)
     spec = control_perturbation(setting, runs[0].ranks[0].steps, steps)
     if spec is None:
-        return None
+        return None, None
     side = dataclasses.replace(old, name="control", env={**old.env, perturb.ENV: spec})
     # The control saves where the new version did: its files go aside, and the new version's come back.
     new_places = set_aside(runs[1])
     try:
         [control] = run_sides([side], launch, placement, workdir)
-        set_aside(control)
+        control_places = set_aside(control)
     finally:
         put_back(new_places)
-    return control
+    return control, control_places
 
 
-def _add_checkpoints(verdict: Verdict, runs: list, old_places: dict | None) -> None:
+def _add_checkpoints(verdict: Verdict, runs: list, old_places: dict | None, control: tuple | None) -> None:
     old_run, new_run = runs
     if old_places is None:
         if saved_paths(old_run) or saved_paths(new_run):
@@ -87,7 +88,7 @@ def _add_checkpoints(verdict: Verdict, runs: list, old_places: dict | None) -> N
                                  "the same path would clash")
         return
     steps = min(len(rank.steps) for rank in old_run.ranks)
-    check = check_checkpoints(old_run, new_run, old_places, verdict.setting, steps)
+    check = check_checkpoints(old_run, new_run, old_places, verdict.setting, steps, control)
     if check is not None:
         verdict.checks.append(check)
 

@@ -4,7 +4,7 @@ The two versions differ by rounding every step (FSDP1 accumulates the
 no_sync micro-batches in bf16, FSDP2 in fp32; the clip norms are summed in
 another order), so verify judges the long trajectory against a control run.
 
-Run: torchrun --nproc_per_node 2 fsdp1.py [--steps K]
+Run: torchrun --nproc_per_node 2 fsdp1.py [--steps K] [--save PATH]
 """
 
 import argparse
@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import FullStateDictConfig, MixedPrecision, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import MixedPrecision
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 VOCAB, DIM, SEQ, BATCH = 64, 16, 8, 4
@@ -48,6 +48,7 @@ class TinyLM(nn.Module):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--save", help="save the full model and optimizer state here after training")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -74,6 +75,11 @@ def main():
         optimizer.zero_grad()
         if rank == 0 and step % 50 == 0:
             print(f"step {step} grad norm {float(norm):.4f}")
+    if args.save:
+        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(rank0_only=True)):
+            state = {"model": model.state_dict(), "optimizer": FSDP.optim_state_dict(model, optimizer)}
+        if rank == 0:
+            torch.save(state, args.save)
     dist.destroy_process_group()
 
 

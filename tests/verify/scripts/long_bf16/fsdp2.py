@@ -4,7 +4,7 @@ The two versions differ by rounding every step (FSDP1 accumulates the
 no_sync micro-batches in bf16, FSDP2 in fp32; the clip norms are summed in
 another order), so verify judges the long trajectory against a control run.
 
-Run: torchrun --nproc_per_node 2 fsdp2.py [--steps K]
+Run: torchrun --nproc_per_node 2 fsdp2.py [--steps K] [--save PATH]
 """
 
 import argparse
@@ -13,6 +13,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -46,6 +51,7 @@ class TinyLM(nn.Module):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--save", help="save the full model and optimizer state here after training")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -72,6 +78,12 @@ def main():
         optimizer.zero_grad()
         if rank == 0 and step % 50 == 0:
             print(f"step {step} grad norm {float(norm):.4f}")
+    if args.save:
+        options = StateDictOptions(full_state_dict=True)
+        state = {"model": get_model_state_dict(model, options=options),
+                 "optimizer": get_optimizer_state_dict(model, optimizer, options=options)}
+        if rank == 0:
+            torch.save(state, args.save)
     dist.destroy_process_group()
 
 
