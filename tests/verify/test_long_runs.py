@@ -30,11 +30,15 @@ def _wrong(tmp_path, name: str, old: str, new: str):
 
 
 def test_the_correct_migration_passes_200_steps_against_the_control(tmp_path):
-    report = tmp_path / "report.json"
-    done = verify(LONG / "fsdp1.py", "--new", LONG / "fsdp2.py", "--report", report)
+    report, saved = tmp_path / "report.json", tmp_path / "state.pt"
+    done = verify(LONG / "fsdp1.py", "--new", LONG / "fsdp2.py", "--report", report, "--logs", tmp_path / "logs",
+                  "--", "--save", saved)
     assert done.returncode == 0, done.stdout + done.stderr
     pair, checks = _checks(report)
     assert set(pair["runs"]) == {"old", "new", "control"}
+    # Each side's file kept apart; the new version's back where it saved it; judged by the control's gaps.
+    assert saved.is_file() and list((tmp_path / "logs" / "control" / "saved").iterdir())
+    assert checks["checkpoints"]["passed"] and "of its tolerance at most" in checks["checkpoints"]["summary"]
     assert pair["runs"]["control"]["ranks"][0]["steps"] == 200
     assert not pair["setting"]["exact"]
     assert checks["clip norm"]["passed"]  # step 0 counts the bf16 accumulation (it failed at 1.8e-5 > 1.9e-6)
