@@ -21,8 +21,8 @@ def _checks(report) -> tuple:
     return pair, {c["name"]: c for c in pair["checks"]}
 
 
-def _wrong(tmp_path, name: str, old: str, new: str):
-    source = (LONG / "fsdp2.py").read_text()
+def _wrong(tmp_path, name: str, old: str, new: str, of: str = "fsdp2.py"):
+    source = (LONG / of).read_text()
     assert source.count(old) == 1
     script = tmp_path / name
     script.write_text(source.replace(old, new))
@@ -58,10 +58,16 @@ def test_a_learning_rate_one_percent_off_fails(tmp_path):
     assert not checks["drift"]["passed"] and "param norm" in checks["drift"]["summary"]
 
 
-def test_a_bf16_reduce_dtype_fails(tmp_path):
-    wrong = _wrong(tmp_path, "reduce_bf16.py", "reduce_dtype=torch.float32", "reduce_dtype=torch.bfloat16")
+@pytest.mark.parametrize("wrong_side", ["new", "old"])
+def test_a_reduce_dtype_other_than_the_old_versions_fails(tmp_path, wrong_side):
+    """bf16 where FSDP1 reduced in fp32, or the reverse: only the units' settings tell (at world size 2 a bf16
+    reduction rounds no more than the accumulation already does)."""
+    of = "fsdp2.py" if wrong_side == "new" else "fsdp1.py"
+    wrong = _wrong(tmp_path, of, "reduce_dtype=torch.float32", "reduce_dtype=torch.bfloat16", of=of)
+    old, new = (LONG / "fsdp1.py", wrong) if wrong_side == "new" else (wrong, LONG / "fsdp2.py")
     report = tmp_path / "report.json"
-    done = verify(LONG / "fsdp1.py", "--new", wrong, "--steps", "40", "--report", report)
+    done = verify(old, "--new", new, "--steps", "12", "--report", report)
     assert done.returncode == 1, done.stdout + done.stderr
     _, checks = _checks(report)
-    assert "reduce_dtype float32 (old) vs bfloat16 (new)" in checks["sharded modules"]["summary"]
+    dtypes = ("float32", "bfloat16") if wrong_side == "new" else ("bfloat16", "float32")
+    assert "reduce_dtype {} (old) vs {} (new)".format(*dtypes) in checks["sharded modules"]["summary"]
