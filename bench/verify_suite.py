@@ -4,7 +4,7 @@
 
 Runs the whole suite once through the real command (`python -m migrate_fsdp verify`, our rewrite
 producing the FSDP2 side unless --hand-written) and prints its wall time against the goal (under
-4 minutes on 2 CPU cores), the CPU time it used and the load of the machine around it (the suite is
+2 minutes on 2 idle CPU cores: issue 12), the CPU time it used and the load of the machine around it (the suite is
 CPU-bound: other work on the machine stretches the wall time), then the per-fixture table of peak
 memory and median step time of both versions as verify measured them.
 
@@ -27,7 +27,7 @@ from migrate_fsdp.verify import suite
 from migrate_fsdp.verify.table import fmt_bytes, fmt_time
 
 REPO = Path(__file__).resolve().parents[1]
-GOAL_S = 240.0
+GOAL_S = 120.0
 
 
 def children_cpu_s() -> float:
@@ -45,10 +45,17 @@ def run_verify(args: argparse.Namespace, report: Path) -> tuple[float, float, in
     return time.monotonic() - started, children_cpu_s() - cpu, done.returncode
 
 
+# gloo's teardown at interpreter exit aborts now and then (SIGABRT) after a script has done all its work;
+# verify's probe never meets it (it ends each rank with os._exit). The run still did what is timed.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
 def torchrun(script: Path, args: list, cwd: Path) -> None:
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                    str(script), *args], cwd=cwd, check=True, capture_output=True,
-                   env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script), *args], check=False, cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+    if done.returncode != 0 and TEARDOWN_ABORT not in done.stderr + done.stdout:
+        raise SystemExit(f"plain torchrun {script} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
 
 
 def new_script(fixture, hand_written: bool, scratch: Path) -> Path:

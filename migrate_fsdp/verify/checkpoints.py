@@ -6,16 +6,18 @@ FSDP.optim_state_dict(...)}` with torch.save), FSDP2 the same through
 convert-ckpt reads every one of these (and safetensors) into model and
 optimizer state keyed by FQN, so the two compare entry by entry whatever
 form each version chose. Where the setting is exact every tensor must be
-bit-identical; elsewhere a floating-point tensor may differ by the relative
-bound the parameter norm has after the last update (tolerance.norm_rtol),
-measured as |a - b| / |a| over the whole tensor. Files that hold no tensors
+bit-identical; elsewhere a floating-point tensor may differ, as
+|a - b| / |a| over the whole tensor, by FACTOR times the control run's gap
+in the same tensor of the same file when the pair had a control run
+(envelope.py), else by the relative bound the parameter norm has after the
+last update (tolerance.norm_rtol). Files that hold no tensors
 (the other ranks' files under rank0_only) compare equal when both are empty.
 An old file that has no FQN view (FSDP1's LOCAL or SHARDED_STATE_DICT) is
 not compared, and says so; a new file that cannot be read where the old one
 could fails the check.
 """
 
-from migrate_fsdp.verify import tolerance
+from migrate_fsdp.verify import envelope, tolerance
 from migrate_fsdp.verify.compare import Check
 from migrate_fsdp.verify.saves import saved_paths
 
@@ -48,14 +50,18 @@ def _relative_gap(old, new) -> float:
     return gap / scale if scale else gap
 
 
-def _compare_states(old: dict, new: dict, rtol: float | None, where: str) -> tuple[list, float]:
-    """(problems, largest relative gap) between two states; rtol None: bit for bit."""
+def _compare_states(old: dict, new: dict, rtol, where: str) -> tuple[list, float, float]:
+    """(problems, largest relative gap, largest share of its tolerance) between two states.
+
+    rtol: None, bit for bit; a number for every floating-point tensor; or a function of the tensor's key.
+    """
     from migrate_fsdp.convert_ckpt.flatten import flatten
     from migrate_fsdp.convert_ckpt.tensors import TensorRef
     from migrate_fsdp.convert_ckpt.verify import compare_trees
 
     if rtol is None:
-        return compare_trees(old, new, where), 0.0
+        return compare_trees(old, new, where), 0.0, 0.0
+    tolerance_of = rtol if callable(rtol) else lambda key: rtol
     want = {key: value for key, _, value in flatten(old)}
     got = {key: value for key, _, value in flatten(new)}
     exact_old = {k: v for k, v in want.items() if not (isinstance(v, TensorRef) and v.dtype.floating)}
@@ -63,21 +69,69 @@ def _compare_states(old: dict, new: dict, rtol: float | None, where: str) -> tup
     problems = [p for p in compare_trees(exact_old, exact_new, where) if not p.endswith((": missing", ": unexpected"))]
     problems += [f"{where}: {key}: missing" for key in want if key not in got]
     problems += [f"{where}: {key}: unexpected" for key in got if key not in want]
-    worst = 0.0
-    for key in sorted(want.keys() & got.keys() - exact_old.keys()):
-        a, b = want[key], got[key]
-        if not isinstance(b, TensorRef) or (a.dtype, a.shape) != (b.dtype, b.shape):
+    worst = share = 0.0
+    for key, gap in _tensor_gaps(want, got).items():
+        if gap is None:
             problems.append(f"{where}: {key}: not a tensor of the same dtype and shape")
             continue
-        gap = _relative_gap(a, b)
-        worst = max(worst, gap)
-        if gap > rtol:
-            problems.append(f"{where}: {key}: relative diff {gap:.3g} > {rtol:.3g}")
-    return sorted(problems), worst
+        allowed = tolerance_of(key)
+        worst, share = max(worst, gap), max(share, gap / allowed if allowed else float("inf") if gap else 0.0)
+        if gap > allowed:
+            problems.append(f"{where}: {key}: relative diff {gap:.3g} > {allowed:.3g}")
+    return sorted(problems), worst, share
 
 
-def check_checkpoints(old_run, new_run, old_places: dict, setting, steps: int) -> Check | None:
-    """Compare what the versions saved; None when neither saved anything."""
+def _tensor_gaps(want: dict, got: dict) -> dict:
+    """key -> |a - b| / |a| of each floating-point tensor of `want` that `got` has too (None: not comparable)."""
+    from migrate_fsdp.convert_ckpt.tensors import TensorRef
+
+    gaps = {}
+    for key in sorted(want.keys() & got.keys()):
+        a, b = want[key], got[key]
+        if not (isinstance(a, TensorRef) and a.dtype.floating):
+            continue
+        comparable = isinstance(b, TensorRef) and (a.dtype, a.shape) == (b.dtype, b.shape)
+        gaps[key] = _relative_gap(a, b) if comparable else None
+    return gaps
+
+
+def _control_files(control: tuple | None, count: int) -> list:
+    """The control run's saved files, where they were set aside, when it saved as many as the old run."""
+    if control is None:
+        return [None] * count
+    run, places = control
+    saved = [str(places.get(path, path)) for _, path in saved_paths(run)]
+    return saved if len(saved) == count else [None] * count
+
+
+def _control_rtol(old: dict, control_path: str | None, numel: int):
+    """Per tensor key: FACTOR x the control's relative gap to the old file in that tensor (at least the float64
+    summation floor); None without a readable control file."""
+    from migrate_fsdp.convert_ckpt.errors import ConvertError
+    from migrate_fsdp.convert_ckpt.flatten import flatten
+
+    if control_path is None:
+        return None
+    try:
+        control = _state(control_path)
+    except ConvertError:
+        return None
+    if control is None:
+        return None
+    want = {key: value for key, _, value in flatten(old)}
+    got = {key: value for key, _, value in flatten(control)}
+    gaps = _tensor_gaps(want, got)
+    floor = envelope.norm_floor(numel)
+    return lambda key: max(envelope.FACTOR * (gaps.get(key) or 0.0), floor)
+
+
+def check_checkpoints(old_run, new_run, old_places: dict, setting, steps: int, control: tuple | None = None
+                      ) -> Check | None:
+    """Compare what the versions saved; None when neither saved anything.
+
+    `control`: (the control run, where its files were set aside), for a long run that is not exact: each
+    file's floating-point tensors may then differ by FACTOR x the control's largest relative gap in that file.
+    """
     from migrate_fsdp.convert_ckpt.errors import ConvertError
 
     old_saved, new_saved = saved_paths(old_run), saved_paths(new_run)
@@ -87,8 +141,9 @@ def check_checkpoints(old_run, new_run, old_places: dict, setting, steps: int) -
         return Check(NAME, False, f"old saved {len(old_saved)} checkpoint(s), new saved {len(new_saved)}")
     same_paths = [p for _, p in old_saved] == [p for _, p in new_saved]
     rtol = None  # bit for bit
-    problems, unread, compared, worst = [], [], 0, 0.0
-    for (_, old_path), (_, new_path) in zip(old_saved, new_saved):
+    problems, unread, compared, worst, share = [], [], 0, 0.0, 0.0
+    control_files = _control_files(control, len(old_saved))
+    for (_, old_path), (_, new_path), control_path in zip(old_saved, new_saved, control_files):
         where = old_path if same_paths else f"{old_path} vs {new_path}"
         try:
             old = _state(str(old_places.get(old_path, old_path)))
@@ -107,14 +162,15 @@ def check_checkpoints(old_run, new_run, old_places: dict, setting, steps: int) -
             continue
         if not setting.exact:
             numel = sum(ref.numel for ref in old["model"].values() if hasattr(ref, "numel"))
-            rtol = tolerance.norm_rtol(setting, max(steps - 1, 0), numel)
-        found, gap = _compare_states(old, new, rtol, where)
+            rtol = _control_rtol(old, control_path, numel) or tolerance.norm_rtol(setting, max(steps - 1, 0), numel)
+        found, gap, file_share = _compare_states(old, new, rtol, where)
         problems += found
-        worst = max(worst, gap)
+        worst, share = max(worst, gap), max(share, file_share)
     not_read = f"; not compared: {'; '.join(unread)}" if unread else ""
     if problems:
         listed = "; ".join(problems[:_LISTED]) + (f"; and {len(problems) - _LISTED} more" if len(problems) > _LISTED
                                                   else "")
         return Check(NAME, False, f"{len(problems)} difference(s): {listed}{not_read}")
-    how = "bit-identical" if setting.exact else f"within tolerance (largest relative diff {worst:.3g})"
+    how = "bit-identical" if setting.exact else (f"within tolerance (largest relative diff {worst:.3g}; "
+                                                 f"{share:.0%} of its tolerance at most)")
     return Check(NAME, True, f"{compared} saved file(s) compared by FQN, model and optimizer state {how}{not_read}")

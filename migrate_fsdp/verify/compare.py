@@ -3,7 +3,7 @@
 import statistics
 from dataclasses import dataclass, field
 
-from migrate_fsdp.verify import tolerance
+from migrate_fsdp.verify import envelope, tolerance
 
 MEMORY_FLAG_RATIO = 1.10  # a new peak more than 10% above the old one is flagged
 _UNIT_FIELDS = ("shard_size", "replicate_size", "reshard_after_forward", "param_dtype", "reduce_dtype",
@@ -149,12 +149,31 @@ class _Exact:
         return Check(self.name, True, f"bit-identical at all {self.compared} steps where the setting requires it")
 
 
-def compare(old_run, new_run, asked: int | None) -> Verdict:
-    """Judge two completed runs over their first `asked` optimizer steps, or (None) all they ran."""
+def setting_of(old_run, new_run, asked: int | None) -> tuple:
+    """(the numerical setting, the number of steps every rank of both runs has) over the compared steps."""
+    steps = min(len(rank.steps[:asked]) for rank in old_run.ranks + new_run.ranks)
+    setting = tolerance.detect(_setups(old_run), _setups(new_run), old_run.ranks[0].steps[:steps],
+                               new_run.ranks[0].steps[:steps])
+    return setting, steps
+
+
+def compare(old_run, new_run, asked: int | None, control=None) -> Verdict:
+    """Judge two completed runs over their first `asked` optimizer steps, or (None) all they ran.
+
+    `control`: the old version's control run (envelope.py), which judges the steps from EARLY_STEPS on.
+    """
     old_setups, new_setups = _setups(old_run), _setups(new_run)
     old_seq, new_seq = old_run.ranks[0].steps[:asked], new_run.ranks[0].steps[:asked]
-    steps = min(len(rank.steps[:asked]) for rank in old_run.ranks + new_run.ranks)
-    setting = tolerance.detect(old_setups, new_setups, old_seq[:steps], new_seq[:steps])
+    setting, steps = setting_of(old_run, new_run, asked)
+    bounds = None
+    if control is not None:
+        steps = min([steps, *(len(rank.steps) for rank in control.ranks)])
+        bounds = envelope.Envelope(envelope.gaps(old_run, control, steps))
+        setting.notes.append(f"from step {envelope.EARLY_STEPS} on, judged against a control run (the old version "
+                             f"with rounding-sized noise): within {envelope.FACTOR:g}x its gaps")
+
+    def late(k: int) -> bool:
+        return bounds is not None and k >= envelope.EARLY_STEPS
     checks = [_check_steps(old_seq, new_seq), _check_units(old_setups, new_setups),
               _check_sync(old_seq[:steps], new_seq[:steps])]
     loss = _Tracker("loss", relative=False)
@@ -164,20 +183,29 @@ def compare(old_run, new_run, asked: int | None) -> Verdict:
     for old_rank, new_rank in zip(old_run.ranks, new_run.ranks):
         for k, (a, b) in enumerate(zip(old_rank.steps[:steps], new_rank.steps[:steps])):
             loss_tol = tolerance.loss_tolerance(setting, k, a["loss_abs"], a["loss_dtype"])
+            if late(k):
+                loss_tol = bounds.bound("loss", envelope.loss_floor(a["loss_abs"], a["loss_dtype"]))
             row = {"rank": old_rank.rank, "step": k, "loss_old": a["loss"], "loss_new": b["loss"],
                    "loss_tol": loss_tol, "ok": loss.add(k, old_rank.rank, a["loss"], b["loss"], loss_tol)}
             if old_rank is old_run.ranks[0]:  # norms and digests are global: the same on every rank
-                rtol = tolerance.norm_rtol(setting, k, a["grad_numel"])
-                ok = grad_norm.add(k, 0, a["grad_norm"], b["grad_norm"], rtol)
+                rtol = grad_rtol = tolerance.norm_rtol(setting, k, a["grad_numel"])
+                if late(k):
+                    floor = envelope.norm_floor(a["grad_numel"])
+                    grad_rtol, rtol = (bounds.bound(name, floor) for name in ("grad norm", "param norm"))
+                ok = grad_norm.add(k, 0, a["grad_norm"], b["grad_norm"], grad_rtol)
                 ok &= param_norm.add(k, 0, a["param_norm"], b["param_norm"], rtol)
                 if setting.before(k) + setting.eps(k) == 0:
                     ok &= grad_bits.add(k, a["grad_digest"], b["grad_digest"])
                     ok &= param_bits.add(k, a["param_digest"], b["param_digest"])
                 if a.get("clip") and b.get("clip"):
                     ctol = tolerance.clip_rtol(setting, k, a["grad_numel"], a["clip"]["dtype"])
+                    if late(k):
+                        ctol = bounds.bound("clip norm", tolerance.clip_rounding(setting, a["grad_numel"],
+                                                                                  a["clip"]["dtype"]))
                     ok &= clip_norm.add(k, 0, a["clip"]["total_norm"], b["clip"]["total_norm"], ctol)
                 row.update(grad_norm_old=a["grad_norm"], grad_norm_new=b["grad_norm"],
-                           param_norm_old=a["param_norm"], param_norm_new=b["param_norm"], norm_rtol=rtol)
+                           param_norm_old=a["param_norm"], param_norm_new=b["param_norm"], norm_rtol=rtol,
+                           grad_norm_rtol=grad_rtol)
                 row["ok"] = row["ok"] and ok
             row.update(peak_old=a["peak_bytes"], peak_new=b["peak_bytes"], time_old=a["time_s"], time_new=b["time_s"])
             rows.append(row)
@@ -185,6 +213,9 @@ def compare(old_run, new_run, asked: int | None) -> Verdict:
     checks += [c for c in (grad_bits.check(), param_bits.check()) if c]
     if clip_norm.compared:
         checks.append(clip_norm.check())
+    drift = _check_drift(old_run, new_run, steps, bounds) if bounds is not None else None
+    if drift is not None:
+        checks.append(drift)
     memory = _memory(old_run, new_run, steps)
     warnings = [f"rank {m['rank']}: new peak memory {m['ratio']:.2f}x the old one" for m in memory if m["flagged"]]
     for name, run in (("old", old_run), ("new", new_run)):
@@ -196,6 +227,37 @@ def compare(old_run, new_run, asked: int | None) -> Verdict:
         notes.append(f"both versions ended after {len(old_seq)} optimizer steps, before the --steps {asked} cap; "
                      "those steps are compared")
     return Verdict(setting, checks, rows, memory, _speed(old_run, new_run, steps), warnings, notes)
+
+
+def _check_drift(old_run, new_run, steps: int, bounds) -> Check | None:
+    """The mean signed gap of each quantity over the long run, against the control's spread."""
+    first = old_run.ranks[0].steps
+    floors = {"loss": envelope.loss_floor(first[0]["loss_abs"], first[0]["loss_dtype"]),
+              "grad norm": envelope.norm_floor(first[0]["grad_numel"]),
+              "param norm": envelope.norm_floor(first[0]["grad_numel"]),
+              "clip norm": envelope.norm_floor(first[0]["grad_numel"])}
+    new_gaps = envelope.gaps(old_run, new_run, steps)
+    judged, failed, closest = [], [], None
+    for name in envelope.QUANTITIES:
+        result = envelope.drift(name, new_gaps[name], bounds, floors[name])
+        if result is None:
+            continue
+        passed, mean, bound = result
+        judged.append(name)
+        share = abs(mean) / bound if bound else 0.0
+        if not passed:
+            failed.append(f"{name} {mean:+.3g} > {bound:.3g}")
+        if closest is None or share > closest[1]:
+            closest = (name, share, mean, bound)
+    since = f"from step {envelope.EARLY_STEPS}"
+    if not judged:
+        return None
+    if failed:
+        return Check("drift", False, f"mean signed gap {since} beyond {envelope.FACTOR:g}x the control's spread: "
+                                     + "; ".join(failed) + " (a systematic difference, not rounding)")
+    name, share, mean, bound = closest
+    return Check("drift", True, f"{len(judged)} quantities, mean signed gap {since} within {envelope.FACTOR:g}x the "
+                                f"control's spread; closest: {name} {mean:+.3g}, {share:.0%} of {bound:.3g}")
 
 
 def _memory(old_run, new_run, steps: int) -> list:

@@ -33,6 +33,7 @@ class Side:
     args: list = field(default_factory=list)
     shown: str = ""  # how reports name it
     watched: bool = True  # False: torchrun runs the script itself, without the probe (a set-up step)
+    env: dict = field(default_factory=dict)  # set for this side only (a control run's perturbation)
 
     def __post_init__(self):
         self.shown = self.shown or str(self.script)
@@ -139,6 +140,7 @@ def _read_ranks(directory: Path, launch: Launch) -> list:
 def _environment(side: Side, launch: Launch, placement_env: dict, directory: Path, device: str) -> dict:
     env = dict(os.environ)
     env.update(placement_env)
+    env.update(side.env)
     env[metrics.ENV_DIR] = str(directory)
     env[metrics.ENV_STEPS] = str(launch.steps or "")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))

@@ -48,7 +48,11 @@ def main(argv: list[str]) -> int:
 
         tracker = StorageTracker()
         tracker.__enter__()
-    recorder = Recorder(writer, int(os.environ.get(metrics.ENV_STEPS) or 0) or None, tracker)
+    from migrate_fsdp.verify.perturb import ENV as PERTURB_ENV
+    from migrate_fsdp.verify.perturb import Perturbation
+
+    perturbation = Perturbation(os.environ[PERTURB_ENV]) if os.environ.get(PERTURB_ENV) else None
+    recorder = Recorder(writer, int(os.environ.get(metrics.ENV_STEPS) or 0) or None, tracker, perturbation)
     recorder.install()
     saves.install(writer)
 

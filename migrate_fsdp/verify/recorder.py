@@ -101,8 +101,9 @@ class _Optimizer:
 
 
 class Recorder:
-    def __init__(self, writer, max_steps: int | None, cpu_tracker=None):
+    def __init__(self, writer, max_steps: int | None, cpu_tracker=None, perturbation=None):
         self.writer = writer
+        self.perturbation = perturbation  # a control run's (perturb.Perturbation), else None
         self.max_steps = max_steps
         self.cpu_tracker = cpu_tracker
         self.meter = CpuMeter(cpu_tracker) if cpu_tracker is not None else None
@@ -240,6 +241,10 @@ class Recorder:
         self.meter.sync()
         self._step_peak = self.meter.peak()
         with _disable_current_modes():
+            if self.perturbation is not None:
+                clipped = bool(self._clip and self._clip["total_norm"] > self._clip["max_norm"])
+                self.perturbation.apply(known.params, self.steps_done, clipped, lambda: global_stats(
+                    known.params, known.units.primary, use_grads=True)[0])
             grad_norm, grad_digest, numel = global_stats(known.params, known.units.primary, use_grads=True)
             losses = [float(loss) for loss in self._losses]
             self._pending = {

@@ -80,3 +80,11 @@ def set_aside(run) -> dict:
         shutil.move(path, target)
         aside[path] = target
     return aside
+
+
+def put_back(aside: dict) -> None:
+    """Undo set_aside: move each file or directory back to where the run saved it."""
+    for path, target in aside.items():
+        if os.path.lexists(path):
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+        shutil.move(target, path)

@@ -32,8 +32,12 @@ The model (docs/verify.md, "Tolerances", says the same for users):
     - gradient norm of step k (after its reduction, and clipping):
       relative |d| <= E_k + eps_k;
     - parameter norm after update k: relative |d| <= E_k + eps_k;
-    - the clip total norm of step k: relative |d| <= E_k + 2 u (ceil(log2 n) + W),
-      the error of two fp32 pairwise sums of n squares and W shard totals.
+    - the clip total norm of step k: relative |d| <= E_k + r + a + 2 u (ceil(log2 n) + W):
+      it is computed from gradients that already carry this step's reduction
+      order (r) and accumulation (a) perturbations, plus the error of two fp32
+      pairwise sums of n squares and W shard totals.
+  This bound is trusted for the first envelope.EARLY_STEPS steps only; a
+  longer pair that is not exact is judged against a control run (envelope.py).
   Norms are computed by the probe in float64 over shards laid out differently
   by the two versions, so they also carry n * 2**-53 (n = number of elements).
 """
@@ -151,6 +155,11 @@ def norm_rtol(setting: Setting, step: int, numel: int) -> float:
     return setting.before(step) + setting.eps(step) + numel * FLOAT64_U
 
 
+def clip_rounding(setting: Setting, numel: int, dtype: str | None) -> float:
+    """How far two differently ordered sums of the squares of n gradient elements (and W shard totals) may be."""
+    return 2 * unit_roundoff(dtype) * (math.ceil(math.log2(max(numel, 2))) + setting.world_size)
+
+
 def clip_rtol(setting: Setting, step: int, numel: int, dtype: str | None) -> float:
-    depth = math.ceil(math.log2(max(numel, 2))) + setting.world_size
-    return setting.before(step) + 2 * unit_roundoff(dtype) * depth
+    this_step = setting.reduction_order + setting.accumulation  # already in the gradients the norm is taken of
+    return setting.before(step) + this_step + clip_rounding(setting, numel, dtype)

@@ -67,3 +67,19 @@ def test_a_missing_optimizer_state_and_a_different_count_of_files_fail(tmp_path)
 def test_empty_files_of_other_ranks_compare_equal_and_nothing_saved_is_no_check(tmp_path):
     assert check(tmp_path, [full_state(), {}], [full_state(), {}]).passed
     assert check_checkpoints(run("old", [1.0]), run("new", [1.0]), {}, EXACT, steps=1) is None
+
+
+def test_a_control_run_sets_each_tensors_tolerance_from_its_own_gap(tmp_path):
+    """Long runs: 5 x the control's gap in the same tensor, not the first-order bound."""
+    noisy = full_state()
+    noisy["model"]["a.weight"] *= 1 + 1e-3  # the control strays in a.weight only
+    control = saved(tmp_path, "control", noisy)
+    new_a = full_state()
+    new_a["model"]["a.weight"] *= 1 + 4e-3
+    new_b = full_state()
+    new_b["model"]["b.weight"] *= 1 + 4e-3
+    old = saved(tmp_path, "old", full_state())
+    within = check_checkpoints(old, saved(tmp_path, "new_a", new_a), {}, TOLERANCED, 2, (control, {}))
+    assert within.passed and "80% of its tolerance at most" in within.summary, within.summary
+    beyond = check_checkpoints(old, saved(tmp_path, "new_b", new_b), {}, TOLERANCED, 2, (control, {}))
+    assert not beyond.passed and "model.b.weight: relative diff 0.004 >" in beyond.summary

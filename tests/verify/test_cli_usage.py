@@ -49,3 +49,19 @@ def test_help_does_not_import_torch():
             "assert '--rdzv-endpoint' in r.output; assert 'torch' not in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_plot_without_matplotlib_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    import importlib.util
+
+    from click.testing import CliRunner
+
+    from migrate_fsdp.verify.command import verify as command
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    done = CliRunner().invoke(command, [str(OLD), "--new", str(OLD), "--device", "cpu", "--plot", str(tmp_path / "p.png"),
+                                        "--report", str(tmp_path / "r.json")])
+    assert done.exit_code == 2
+    assert done.output.strip() == "migrate-fsdp verify: error: --plot needs matplotlib: pip install 'migrate-fsdp[plot]'"
+    assert not (tmp_path / "r.json").exists()
