@@ -64,8 +64,9 @@ def test_unconverted_uses_refuse_in_one_short_line_with_the_users_path_and_the_n
     with pytest.raises(VerifyError) as error:
         rewritten_side(root / "train.py", root, [], tmp_path / "work")
     message = str(error.value)
-    assert message.startswith("the rewrite leaves 1 FSDP1 use unconverted (")
-    assert "helpers.py:3:" in message and "MF" in message and message.endswith("rerun with --new DIR")
+    # The wrapper attribute stays FSDP1, so its model's constructor stays with it: two uses, the constructor first.
+    assert message.startswith("the rewrite leaves 2 FSDP1 uses unconverted (")
+    assert "helpers.py:2:" in message and "MF003" in message and message.endswith("rerun with --new DIR")
     assert "\n" not in message and len(message) <= 200
 
 

@@ -40,5 +40,6 @@ def test_verify_refuses_when_the_rewrite_leaves_fsdp1_code(tmp_path):
     done = verify(script)
     assert done.returncode == 2 and done.stdout == ""
     [line] = done.stderr.splitlines()
-    assert line.startswith("migrate-fsdp verify: error: the rewrite leaves 1 FSDP1 use unconverted (")
-    assert "train.py:4:" in line and line.endswith("rerun with --new DIR")
+    # The wrapper attribute stays FSDP1, so its model's constructor stays with it: two uses, the constructor first.
+    assert line.startswith("migrate-fsdp verify: error: the rewrite leaves 2 FSDP1 uses unconverted (")
+    assert "train.py:3:" in line and line.endswith("rerun with --new DIR")
