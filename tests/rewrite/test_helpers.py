@@ -25,7 +25,7 @@ def helper(name):
 
 
 def test_the_rewrite_uses_every_helper_file():
-    from migrate_fsdp.rewrite.rules.construction import auto_wrap_policy, forward_prefetch, mesh
+    from migrate_fsdp.rewrite.rules.construction import auto_wrap_policy, forward_prefetch, mesh, mixed_precision
     from migrate_fsdp.rewrite.rules.training import clip_grad_norm, fsdp_modules, no_sync, state_dicts
 
     used = {
@@ -34,6 +34,7 @@ def test_the_rewrite_uses_every_helper_file():
         auto_wrap_policy.OR_HELPER,
         forward_prefetch.HELPER,
         mesh.SHARDING_HELPER,
+        mixed_precision.HELPER,
         clip_grad_norm.HELPER_NAME,
         fsdp_modules.HELPER_NAME,
         no_sync.HELPER_NAME,
