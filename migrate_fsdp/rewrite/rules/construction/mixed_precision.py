@@ -139,7 +139,8 @@ class MixedPrecisionRule(KeywordRule):
                 self._refuse(branch, argument)
         if any(isinstance(branch, Settings) for branch in branches):  # the MixedPrecision(...) written here would stay FSDP1
             self._refuse(unknown[0], argument)
-        return RunTime(call(self.ctx.add_helper(HELPER), argument.value))
+        value = argument.value.with_changes(lpar=[], rpar=[])  # the call's own parentheses hold it
+        return RunTime(call(self.ctx.add_helper(HELPER), value))
 
     def _refuse(self, branch: _Unknown, argument):
         shown = self.ctx.code(branch.source)
