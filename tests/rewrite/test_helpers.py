@@ -103,6 +103,15 @@ def test_mixed_precision_none_is_fsdp2s_default_and_casts_nothing():
     }
 
 
+def test_mixed_precision_takes_an_fsdp2_policy_as_it_is():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, cast_forward_inputs=False)
+    converted = helper("_fsdp1_mixed_precision")(policy)
+    assert converted["root"] is policy and converted["children"] is policy
+    assert converted["full_precision_classes"] == () and converted["buffer_dtype"] is None
+
+
 @pytest.mark.parametrize(("cast", "cast_root", "root_casts", "children_cast"), [(False, True, True, False), (True, False, True, True), (False, False, False, False)])
 def test_mixed_precision_casts_inputs_where_fsdp1_did(cast, cast_root, root_casts, children_cast):
     from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy

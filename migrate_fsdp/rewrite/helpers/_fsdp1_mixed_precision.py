@@ -8,16 +8,17 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 
 def _fsdp1_mixed_precision(mixed_precision):
-    """What FSDP1's `mixed_precision` (a MixedPrecision or None) did, as FSDP2 settings by name.
+    """What FSDP1's `mixed_precision` (a MixedPrecision or None) did, as FSDP2 settings by name
+    (a MixedPrecisionPolicy, once the user's config is FSDP2's, is used as it is).
 
     `root` casts its forward inputs under cast_root_forward_inputs or cast_forward_inputs, auto-wrapped
     `children` under cast_forward_inputs; the `full_precision_classes` FSDP1 wrapped on their own in
     float32 (its _module_classes_to_ignore field) get `full_precision`, whose outputs are in param_dtype;
     floating buffers are cast to `buffer_dtype` after sharding. keep_low_precision_grads has no FSDP2 form.
     """
-    if mixed_precision is None:
-        none = MixedPrecisionPolicy()
-        return {"root": none, "children": none, "full_precision_classes": (), "full_precision": none, "buffer_dtype": None}
+    if mixed_precision is None or isinstance(mixed_precision, MixedPrecisionPolicy):  # no mixed precision, or FSDP2's already
+        policy = mixed_precision or MixedPrecisionPolicy()
+        return {"root": policy, "children": policy, "full_precision_classes": (), "full_precision": policy, "buffer_dtype": None}
     if mixed_precision.keep_low_precision_grads:
         raise NotImplementedError("MixedPrecision(keep_low_precision_grads=True): FSDP2 keeps gradients in the parameters' dtype")
     param_dtype, reduce_dtype = mixed_precision.param_dtype, mixed_precision.reduce_dtype
