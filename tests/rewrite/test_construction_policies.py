@@ -1,7 +1,7 @@
 """The auto_wrap_policy conversion shards exactly the modules FSDP1 wraps, children first, root last.
 
 A differential test without processes: for each policy (and with ignored
-modules and mixed precision), an FSDP1 snippet is rewritten and executed with
+modules and mixed precision, written or known only at run time), an FSDP1 snippet is rewritten and executed with
 `fully_shard` replaced by a recorder, while FSDP1's own `_auto_wrap` runs on
 an identical model with a recording wrapper. Both must pick the same modules
 (by FQN), with FSDP1's full-precision override on the same ones, and the
@@ -57,6 +57,7 @@ OPTIONS = {
     "ignored": ", ignored_modules=[model.frozen]",
     "mixed": ", mixed_precision=MixedPrecision(param_dtype=torch.bfloat16)",
     "mixed_ignored": ", mixed_precision=MixedPrecision(param_dtype=torch.bfloat16), ignored_modules=[model.frozen]",
+    "mixed_run_time": ", mixed_precision=MIXED_FROM_ELSEWHERE",  # read by the _fsdp1_mixed_precision helper
 }
 
 SNIPPET = """
@@ -76,7 +77,7 @@ from torch.distributed.fsdp.wrap import (
     transformer_auto_wrap_policy,
 )
 
-from tests.rewrite.test_construction_policies import Block, CLASSES, is_norm, user_policy
+from tests.rewrite.test_construction_policies import Block, CLASSES, MIXED_FROM_ELSEWHERE, is_norm, user_policy
 
 
 def wrap(model, policy_from_caller):
@@ -132,6 +133,7 @@ def random_tree(seed: int) -> nn.Module:
 
 
 CLASSES = [Block, nn.Embedding]
+MIXED_FROM_ELSEWHERE = MixedPrecision(param_dtype=torch.bfloat16)  # a MixedPrecision the rewrite cannot read
 
 
 def is_norm(module):

@@ -25,7 +25,7 @@ def helper(name):
 
 
 def test_the_rewrite_uses_every_helper_file():
-    from migrate_fsdp.rewrite.rules.construction import auto_wrap_policy, forward_prefetch, mesh
+    from migrate_fsdp.rewrite.rules.construction import auto_wrap_policy, forward_prefetch, mesh, mixed_precision
     from migrate_fsdp.rewrite.rules.training import clip_grad_norm, fsdp_modules, no_sync, state_dicts
 
     used = {
@@ -34,6 +34,7 @@ def test_the_rewrite_uses_every_helper_file():
         auto_wrap_policy.OR_HELPER,
         forward_prefetch.HELPER,
         mesh.SHARDING_HELPER,
+        mixed_precision.HELPER,
         clip_grad_norm.HELPER_NAME,
         fsdp_modules.HELPER_NAME,
         no_sync.HELPER_NAME,
@@ -87,3 +88,54 @@ def test_root_modules_stops_at_the_outermost_fsdp_modules():
 def test_full_state_dict_offloads_and_keeps_nesting():
     state = {"w": torch.ones(2), "groups": [{"lr": 0.1}]}
     assert helper("fsdp2_full_state_dict")(state, offload_to_cpu=True, rank0_only=False) == state
+
+
+def test_mixed_precision_none_is_fsdp2s_default_and_casts_nothing():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    converted = helper("_fsdp1_mixed_precision")(None)
+    assert converted == {
+        "root": MixedPrecisionPolicy(),
+        "children": MixedPrecisionPolicy(),
+        "full_precision_classes": (),
+        "full_precision": MixedPrecisionPolicy(),
+        "buffer_dtype": None,
+    }
+
+
+def test_mixed_precision_takes_an_fsdp2_policy_as_it_is():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, cast_forward_inputs=False)
+    converted = helper("_fsdp1_mixed_precision")(policy)
+    assert converted["root"] is policy and converted["children"] is policy
+    assert converted["full_precision_classes"] == () and converted["buffer_dtype"] is None
+
+
+@pytest.mark.parametrize(("cast", "cast_root", "root_casts", "children_cast"), [(False, True, True, False), (True, False, True, True), (False, False, False, False)])
+def test_mixed_precision_casts_inputs_where_fsdp1_did(cast, cast_root, root_casts, children_cast):
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+    fsdp1 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=cast, cast_root_forward_inputs=cast_root)
+    converted = helper("_fsdp1_mixed_precision")(fsdp1)
+    assert converted["root"] == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=root_casts)
+    assert converted["children"] == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=children_cast)
+
+
+def test_mixed_precision_keeps_fsdp1s_full_precision_modules_and_buffer_dtype():
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+    convert = helper("_fsdp1_mixed_precision")
+    default = convert(MixedPrecision(param_dtype=torch.float16, buffer_dtype=torch.float16))
+    assert default["full_precision_classes"] == (nn.modules.batchnorm._BatchNorm,)
+    assert default["full_precision"] == MixedPrecisionPolicy(param_dtype=torch.float32, output_dtype=torch.float16)
+    assert default["buffer_dtype"] is torch.float16
+    assert convert(MixedPrecision(param_dtype=torch.float16, _module_classes_to_ignore=[nn.LayerNorm]))["full_precision_classes"] == (nn.LayerNorm,)
+    assert convert(MixedPrecision(reduce_dtype=torch.float16))["full_precision"] == MixedPrecisionPolicy()
+
+
+def test_mixed_precision_refuses_low_precision_grads_when_it_runs():
+    from torch.distributed.fsdp import MixedPrecision
+
+    with pytest.raises(NotImplementedError, match="keep_low_precision_grads"):
+        helper("_fsdp1_mixed_precision")(MixedPrecision(param_dtype=torch.bfloat16, keep_low_precision_grads=True))

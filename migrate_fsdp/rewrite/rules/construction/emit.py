@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, expression, is_reevaluable, keyword, statements, with_commas
+from migrate_fsdp.rewrite.rules.construction.mixed_precision import RunTime
 
 # fully_shard's keyword order.
 _ORDER = ("mesh", "reshard_after_forward", "mp_policy", "offload_policy", "ignored_params")
@@ -51,6 +52,7 @@ class Emitter:
         self.call = call_node  # the updated call
         self.anchor = plan.site.node
         self.statements_allowed = plan.site.can_insert and not plan.site.in_lambda
+        self.mixed_precision = plan.mixed_precision  # as the statements read it (a variable, once bound)
 
     def _updated(self, original_arg: cst.Arg) -> cst.Arg:
         """The updated version of one of the original call's arguments."""
@@ -111,8 +113,10 @@ class Emitter:
         skip = None
         if plan.ignored is not None:
             skip = self._ignored(per_call, shared, module)
-        settings = plan.mixed_precision
         mp = rules.get("MF104")
+        settings = self.mixed_precision
+        if isinstance(settings, RunTime) and self.statements_allowed:  # converted once, read by every statement
+            settings = self.mixed_precision = RunTime(self._variable(setup, "mixed_precision", settings.converted, "fsdp_mixed_precision"))
         root_policy = mp.policy(settings, root=True) if settings else None
         sharding = plan.sharding
         if sharding is not None and plan.has_children and self.statements_allowed and not isinstance(sharding, cst.Name):
@@ -125,7 +129,8 @@ class Emitter:
             child = dict(shared)
             if settings is not None:
                 child_policy = mp.policy(settings, root=False)
-                child["mp_policy"] = self._variable(setup, "mp_policy", child_policy, "fsdp_mp_policy")
+                reread = isinstance(settings, RunTime)  # an attribute of the converted settings
+                child["mp_policy"] = child_policy if reread else self._variable(setup, "mp_policy", child_policy, "fsdp_mp_policy")
                 if self.ctx.module.code_for_node(child_policy) == self.ctx.module.code_for_node(root_policy):
                     root_policy = child["mp_policy"]
             for name in ("offload_policy",):
@@ -202,10 +207,13 @@ class Emitter:
             full_state_dict = self.names.fresh(self.anchor, "full_state_dict", "fsdp1_full_state_dict")
             buffer = self.names.fresh(self.anchor, "buffer", "fsdp_buffer")
             after += rules["MF110"].after(plan, module, full_state_dict, buffer)
-        settings = plan.mixed_precision
+        settings = self.mixed_precision
         dtype = rules["MF104"].buffer_dtype(settings) if settings is not None else None
         if dtype is not None:
-            if isinstance(dtype, cst.IfExp):  # chosen at run time, None where no cast is needed
+            if rules["MF104"].may_skip_buffer_cast(settings):
+                cast = self._cast_buffers(module, dtype, skip)
+                after.append(cst.If(test=expression("DTYPE is not None", DTYPE=dtype), body=cst.IndentedBlock(cast)))
+            elif isinstance(dtype, cst.IfExp):  # chosen at run time, None where no cast is needed
                 var = self.names.fresh(self.anchor, "buffer_dtype", "fsdp_buffer_dtype")
                 cast = self._cast_buffers(module, cst.Name(var), skip)
                 after += [assign(var, dtype), cst.If(test=expression(f"{var} is not None"), body=cst.IndentedBlock(cast))]
@@ -218,7 +226,7 @@ class Emitter:
     def _cast_buffers(self, module, dtype, skip) -> list[cst.BaseStatement]:
         """FSDP1 cast floating buffers to buffer_dtype, except in full-precision and ignored modules."""
         mp = self.rules["MF104"]
-        classes = mp.full_precision_classes(self.plan.mixed_precision, self.anchor) if self.plan.has_children else None
+        classes = mp.full_precision_classes(self.mixed_precision, self.anchor) if self.plan.has_children else None
         buffer = self.names.fresh(self.anchor, "buffer", "fsdp_buffer")
         comment = "# FSDP1's MixedPrecision(buffer_dtype=...): fully_shard does not cast buffers"
         if classes is None and skip is None:

@@ -22,6 +22,12 @@ docstrings, migration guide in seeds/002):
   a float32 policy whose output_dtype is param_dtype.
 - keep_low_precision_grads=True has no FSDP2 form (FSDP2 keeps gradients in the
   parameters' dtype): reported.
+
+A value the rewrite cannot read (a MixedPrecision returned by a function of
+another module, a parameter) goes through the `_fsdp1_mixed_precision` helper
+at run time, which gives each of the policies above from the object's fields
+(and refuses keep_low_precision_grads=True when it runs); the FSDP1 object
+stays the user's configuration and never reaches fully_shard.
 """
 
 from dataclasses import dataclass, field
@@ -29,7 +35,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.construction import choice
-from migrate_fsdp.rewrite.rules.construction.codegen import call, expression
+from migrate_fsdp.rewrite.rules.construction.codegen import call, expression, grouped, is_reevaluable, string
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 
 MIXED_PRECISION = "torch.distributed.fsdp.MixedPrecision"
@@ -44,6 +50,7 @@ FIELDS = (
     "_module_classes_to_ignore",
 )
 BATCH_NORM = "torch.nn.modules.batchnorm._BatchNorm"
+HELPER = "_fsdp1_mixed_precision"
 
 
 @dataclass
@@ -68,6 +75,30 @@ class Assigned:
     name: cst.Name
     settings: list[Settings]  # the MixedPrecision values it may hold
     maybe_none: bool
+    redefined: tuple = ()  # its assignments that change where they stand (Plan.redefined)
+
+
+@dataclass(frozen=True, eq=False)
+class RunTime:
+    """A mixed_precision known only at run time (`mp if not cfg.pure_bf16 else None`, `mp` from elsewhere).
+
+    `converted` is `_fsdp1_mixed_precision(value)` (or a variable holding it),
+    a dict of the root's and the children's policies, the full-precision
+    classes and policy, and the buffer dtype (None: no cast).
+    """
+
+    converted: cst.BaseExpression
+
+    def field(self, name: str) -> cst.BaseExpression:
+        return cst.Subscript(grouped(self.converted), [cst.SubscriptElement(cst.Index(string(name)))])
+
+
+@dataclass(frozen=True, eq=False)
+class _Unknown:
+    """A branch the rewrite cannot read (`source` as written); `why` it is not converted statically."""
+
+    source: cst.BaseExpression
+    why: str
 
 
 class MixedPrecisionRule(KeywordRule):
@@ -78,7 +109,8 @@ class MixedPrecisionRule(KeywordRule):
     leftovers = {
         MIXED_PRECISION: (
             "MixedPrecision is FSDP1's; FSDP2 takes fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=..., "
-            "reduce_dtype=...)), see docs/rules/MF104.md"
+            "reduce_dtype=...)); where a converted call reads it, _fsdp1_mixed_precision converts it at run time, "
+            "see docs/rules/MF104.md"
         )
     }
 
@@ -87,49 +119,73 @@ class MixedPrecisionRule(KeywordRule):
         if definitions is not None:
             plan.mixed_precision = self._assigned(argument, definitions, plan)
             return
+        followed = len(plan.definitions)
         follow = lambda node: self.analysis.follow(node, plan)[0]
         tree = choice.resolve(argument.value, lambda value, source: self._branch(value, source, argument), follow)
         branches = choice.leaves(tree)
+        unknown = [branch for branch in branches if isinstance(branch, _Unknown)]
+        if unknown:
+            plan.mixed_precision = self._run_time(argument, unknown, branches)
+            del plan.definitions[followed:]  # the value stays as written: the helper reads it
+            return
         if all(settings is None for settings in branches):
             return
         plan.mixed_precision = tree
 
-    def _assigned(self, argument, definitions, plan) -> Assigned | None:
-        branches, maybe_none = [], False
+    def _run_time(self, argument, unknown: list, branches: list) -> RunTime:
+        """Converted by the helper at run time, when every branch is None or a value read again as it is written."""
+        for branch in unknown:
+            if not is_reevaluable(branch.source):
+                self._refuse(branch, argument)
+        if any(isinstance(branch, Settings) for branch in branches):  # the MixedPrecision(...) written here would stay FSDP1
+            self._refuse(unknown[0], argument)
+        value = argument.value.with_changes(lpar=[], rpar=[])  # the call's own parentheses hold it
+        return RunTime(call(self.ctx.add_helper(HELPER), value))
+
+    def _refuse(self, branch: _Unknown, argument):
+        shown = self.ctx.code(branch.source)
+        raise Unconvertible(
+            f"mixed_precision={shown} {branch.why}; pass fully_shard "
+            "mp_policy=MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...) with the same dtypes",
+            None if branch.source is argument.value else branch.source,
+        )
+
+    def _assigned(self, argument, definitions, plan) -> "Assigned | RunTime | None":
+        """Each assignment converted where it stands; read at run time by the helper where one cannot be
+        (a value the rewrite cannot read, a buffer_dtype the policy it becomes has no field for)."""
+        branches, maybe_none, redefined = [], False, {}
         for definition in definitions:
             tree = choice.resolve(definition.value, lambda value, source: self._branch(value, source, argument), lambda node: node)
             for settings in choice.leaves(tree):
+                if isinstance(settings, _Unknown) or settings is not None and self._buffer_dtype(settings) is not None:
+                    return RunTime(call(self.ctx.add_helper(HELPER), argument.value))
                 if settings is None:
                     maybe_none = True
-                elif self._buffer_dtype(settings) is not None:
-                    raise Unconvertible(
-                        f"{self.ctx.code(argument.value)} may hold a MixedPrecision with buffer_dtype "
-                        f"({self.ctx.code(definition.value)}); fully_shard does not cast buffers, so cast them after "
-                        "sharding where it does"
-                    )
                 else:
                     branches.append(settings)
             value = choice.join(tree, lambda settings: cst.Name("None") if settings is None else self._policy(settings, root=True))
             if self.ctx.code(value) != self.ctx.code(definition.value):
-                plan.redefined[definition] = value
-        return Assigned(argument.value, branches, maybe_none) if branches else None
+                redefined[definition] = value
+        plan.redefined.update(redefined)
+        return Assigned(argument.value, branches, maybe_none, tuple(redefined)) if branches else None
 
     def finish(self, plan) -> None:
-        """Children's policies derive from a variable only where every value it may hold agrees on how."""
+        """Children's policies derive from a variable only where every value it may hold agrees on how;
+        otherwise the helper reads the variable at run time, and its assignments stay as they are."""
         assigned = plan.mixed_precision
         if not (isinstance(assigned, Assigned) and plan.has_children):
             return
-        name = self.ctx.code(assigned.name)
-        if len({(s.cast_root or s.cast, s.cast) for s in assigned.settings}) > 1:
-            raise Unconvertible(f"the MixedPrecision values {name} may hold differ in which forward inputs they cast; give each branch its own FSDP(...) call")
+        casts = {(s.cast_root or s.cast, s.cast) for s in assigned.settings}
         kept = set()
         for settings in assigned.settings:
             classes = self._full_precision_classes(settings, plan.site.node)
             kept.add(None if classes is None else self.ctx.module.code_for_node(classes))
-        if len(kept) > 1:
-            raise Unconvertible(f"the MixedPrecision values {name} may hold differ in the modules kept in full precision (_module_classes_to_ignore); give each branch its own FSDP(...) call")
+        if len(casts) > 1 or len(kept) > 1:
+            for definition in assigned.redefined:
+                del plan.redefined[definition]
+            plan.mixed_precision = RunTime(call(self.ctx.add_helper(HELPER), assigned.name))
 
-    def _branch(self, value, source, argument) -> Settings | None:
+    def _branch(self, value, source, argument) -> "Settings | _Unknown | None":
         """The settings of one possible value (None: no mixed precision); `source` is it as written."""
         if self.analysis.is_none(value):
             return None
@@ -144,11 +200,7 @@ class MixedPrecisionRule(KeywordRule):
                 where,
             )
         why = "is also used outside FSDP(...) calls" if self.analysis.shared_name(value) else "is known only at run time"
-        raise Unconvertible(
-            f"mixed_precision={shown} {why}; pass fully_shard "
-            "mp_policy=MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...) with the same dtypes",
-            where,
-        )
+        return _Unknown(source, why)
 
     def _settings(self, call_node: cst.Call) -> Settings:
         settings = Settings()
@@ -178,6 +230,8 @@ class MixedPrecisionRule(KeywordRule):
         """The MixedPrecisionPolicy of the root (`root`) or of an auto-wrapped child, in each branch of a choice."""
         if isinstance(settings, Assigned):
             return self._assigned_policy(settings, root)
+        if isinstance(settings, RunTime):
+            return settings.field("root" if root else "children")
         return choice.join(settings, lambda branch: self._policy(branch, root))
 
     def _assigned_policy(self, assigned: Assigned, root: bool) -> cst.BaseExpression:
@@ -207,6 +261,8 @@ class MixedPrecisionRule(KeywordRule):
         if isinstance(settings, Assigned):
             float32 = self.analysis.names.ref(anchor, "torch.float32")
             return expression(f"{self.ctx.require_import(*POLICY)}(param_dtype={float32}, output_dtype=NAME.param_dtype)", NAME=settings.name)
+        if isinstance(settings, RunTime):
+            return settings.field("full_precision")
         return choice.join(settings, lambda branch: None if branch is None else self._full_precision_policy(branch, anchor))
 
     def _full_precision_policy(self, settings: Settings, anchor) -> cst.Call:
@@ -223,6 +279,8 @@ class MixedPrecisionRule(KeywordRule):
             if classes is None or not settings.maybe_none:
                 return classes
             return expression("CLASSES if NAME is not None else ()", CLASSES=classes, NAME=settings.name)
+        if isinstance(settings, RunTime):
+            return settings.field("full_precision_classes")
         branches = {id(branch): self._full_precision_classes(branch, anchor) for branch in choice.leaves(settings)}
         if all(classes is None for classes in branches.values()):
             return None
@@ -241,16 +299,24 @@ class MixedPrecisionRule(KeywordRule):
     def buffer_dtype(self, settings) -> cst.BaseExpression | None:
         """The dtype buffers must be cast to, unless it is a no-op (None, float32).
 
-        For a choice, an if-expression giving None in the branches that cast nothing.
+        For a choice, an if-expression giving None in the branches that cast nothing; known only
+        at run time, an expression that may be None (see may_skip_buffer_cast).
         """
         if isinstance(settings, Assigned):  # never with a buffer_dtype (see _assigned)
             return None
+        if isinstance(settings, RunTime):  # None at run time where nothing is cast
+            return settings.field("buffer_dtype")
         if not isinstance(settings, choice.Choice):
             return self._buffer_dtype(settings)
         dtypes = {id(branch): self._buffer_dtype(branch) if branch is not None else None for branch in choice.leaves(settings)}
         if all(dtype is None for dtype in dtypes.values()):
             return None
         return choice.join(settings, lambda branch: cst.Name("None") if dtypes[id(branch)] is None else dtypes[id(branch)])
+
+    @staticmethod
+    def may_skip_buffer_cast(settings) -> bool:
+        """Whether buffer_dtype(settings) may be None when the program runs."""
+        return isinstance(settings, RunTime)
 
     def _buffer_dtype(self, settings: Settings) -> cst.BaseExpression | None:
         dtype = settings.dtype("buffer_dtype")
