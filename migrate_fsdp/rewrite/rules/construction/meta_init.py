@@ -76,7 +76,10 @@ class MetaInitRule(KeywordRule):
                 )
             return
         arg = plan.arguments["sync_module_states"].arg
-        if plan.process_group is not None or plan.device_mesh is not None or plan.ignored is not None:
+        mesh_checked_at_run_time = isinstance(plan.device_mesh, (cst.Name, cst.Attribute))
+        if plan.process_group is not None or plan.ignored is not None or (
+            plan.device_mesh is not None and not mesh_checked_at_run_time
+        ):
             raise Unconvertible(
                 "sync_module_states with a process group, device mesh or ignored modules: broadcast rank 0's "
                 f"weights over that group yourself; {_FLOW}",
@@ -115,8 +118,25 @@ class MetaInitRule(KeywordRule):
     def before(self, plan, module, full_state_dict: str) -> list[cst.BaseStatement]:
         rank = self.analysis.names.ref(plan.site.node, "torch.distributed.get_rank")
         sync = "" if plan.sync_module_states is True else "SYNC and "
-        return statements(
+        return self._whole_world_mesh(plan) + statements(
             f"{full_state_dict} = MODULE.state_dict() if {sync}{rank}() == 0 else {{}}", MODULE=module, SYNC=plan.sync_module_states
+        )
+
+    def _whole_world_mesh(self, plan) -> list[cst.BaseStatement]:
+        """FSDP1 synced a device mesh's ranks from its first rank (inter-node group, then intra-node): global
+        rank 0's weights everywhere when the mesh holds every rank, which FSDP2's broadcast_from_rank0 also
+        gives. A mesh over some ranks only (model parallelism beside it) is refused where it runs."""
+        if plan.device_mesh is None:
+            return []
+        world = self.analysis.names.ref(plan.site.node, "torch.distributed.get_world_size")
+        sync = "" if plan.sync_module_states is True else "SYNC and "
+        return statements(
+            f"""
+            if {sync}MESH is not None and MESH.size() != {world}():
+                raise NotImplementedError("sync_module_states over a device mesh of some ranks: broadcast its first rank's weights over it")
+            """,
+            MESH=plan.device_mesh,
+            SYNC=plan.sync_module_states,
         )
 
     def after(self, plan, module, full_state_dict: str, buffer: str) -> list[cst.BaseStatement]:
