@@ -20,6 +20,7 @@ import pickletools
 
 from migrate_fsdp.convert_ckpt.dtypes import BY_NAME, BY_STORAGE, QUANTIZED_STORAGES
 from migrate_fsdp.convert_ckpt.errors import ConvertError, Refused, UnsafePickle
+from migrate_fsdp.convert_ckpt.pickle_memo import GET_OPS, PUT_OPS, compact_memo
 from migrate_fsdp.convert_ckpt.pickling import GlobalRef, Reduced, TorchSize
 from migrate_fsdp.convert_ckpt.tensors import StoredTensor
 
@@ -65,19 +66,17 @@ def canonical(module: str, name: str) -> tuple[str, str]:
 
 
 _STRING_OPS = {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
-_GET_OPS = {"GET", "BINGET", "LONG_BINGET"}
-_PUT_OPS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
 
-def scan_globals(data: bytes, what: str) -> tuple[set[str], set[str]]:
-    """The globals a pickle names and the strings it holds that name flat parameters, read from its opcodes without
-    running it.
+def scan_globals(data: bytes, what: str) -> tuple[set[str], set[str], set[int]]:
+    """The globals a pickle names, the strings it holds that name flat parameters and the memo slots its GETs read,
+    from its opcodes without running it.
 
     STACK_GLOBAL takes its module and name from the two strings pushed just
     before it, fresh or fetched from the memo, so the memo is tracked for strings
     (only for strings: a pickle of a million tensors memoises millions of objects).
     """
-    names, flat_params, memo = set(), set(), {}
+    names, flat_params, fetched, memo = set(), set(), set(), {}
     pushed: tuple = (None, None)  # the last two strings pushed
     memoised = 0  # MEMOIZE's implicit index
     last = None  # the string the previous opcode pushed, if it pushed one
@@ -96,11 +95,12 @@ def scan_globals(data: bytes, what: str) -> tuple[set[str], set[str]]:
                 if last.endswith("flat_param"):
                     flat_params.add(last)
                 pushed = (pushed[1], last)
-            elif op in _GET_OPS:
+            elif op in GET_OPS:
+                fetched.add(arg)
                 last = memo.get(arg)
                 if last is not None:
                     pushed = (pushed[1], last)
-            elif op in _PUT_OPS:
+            elif op in PUT_OPS:
                 if last is not None:
                     memo[arg] = last
             elif op == "MEMOIZE":
@@ -111,7 +111,7 @@ def scan_globals(data: bytes, what: str) -> tuple[set[str], set[str]]:
                 last = None
     except ValueError as error:
         raise ConvertError(f"{what} is truncated or corrupt: {error}") from None
-    return names, flat_params
+    return names, flat_params, fetched
 
 
 def refuse_non_full(names: set[str], flat_params: set[str], what: str) -> None:
@@ -309,22 +309,25 @@ class SafeUnpickler(pickle.Unpickler):
         return _Storage(self._storage(str(key), storage_type.dtype), storage_type.dtype)
 
 
-def vet_pickle(data: bytes, what: str, allow_unsafe: bool = False, extra_globals=None) -> None:
-    """Raise the refusals and unsafe globals of a pickle from its opcodes alone, before anything runs.
+def vet_pickle(data: bytes, what: str, allow_unsafe: bool = False, extra_globals=None) -> set[int]:
+    """Raise the refusals and unsafe globals of a pickle from its opcodes alone, before anything runs; returns the
+    memo slots its GETs read.
 
     `extra_globals` maps (module, name) to stand-ins allowed for this pickle only
     (the DCP metadata classes); such a pickle is metadata, not a checkpoint, and
     is not classified.
     """
-    names, flat_params = scan_globals(data, what)
+    names, flat_params, fetched = scan_globals(data, what)
     if extra_globals is None:
         refuse_non_full(names, flat_params, what)
     check_allowed(names, allow_unsafe, what, {f"{m}.{n}" for m, n in (extra_globals or {})})
+    return fetched
 
 
 def unpickle(data: bytes, storage, what: str, allow_unsafe: bool = False, extra_globals=None):
-    """Vet, then load, a checkpoint's pickle (see vet_pickle for `extra_globals`)."""
-    vet_pickle(data, what, allow_unsafe, extra_globals)
+    """Vet, then load, a checkpoint's pickle (see vet_pickle for `extra_globals`), keeping only the memo slots it
+    reads back (see pickle_memo)."""
+    data = compact_memo(data, vet_pickle(data, what, allow_unsafe, extra_globals), what)
     try:
         return SafeUnpickler(data, storage, allow_unsafe, extra_globals).load()
     except ConvertError:
