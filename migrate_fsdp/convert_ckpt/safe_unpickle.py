@@ -13,6 +13,7 @@ quantized or sparse tensors) get a specific refusal instead.
 """
 
 import _compat_pickle
+import functools
 import importlib
 import io
 import pickle
@@ -179,25 +180,37 @@ class _Storage:
         self.storage, self.dtype = storage, dtype
 
 
-def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None, metadata=None):
+# The tensor rebuilders get `shapes`, the unpickler's table of the shape and stride tuples met so far, so that the
+# tensors of one shape share one tuple (a model repeats a few shapes; a million tensors would otherwise hold two
+# tuples each).
+
+
+def _rebuild_tensor_v2(
+    storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None, metadata=None, *, shapes=None
+):
     if metadata:
         raise Refused("a tensor has its conj/neg bit set; save t.resolve_conj().resolve_neg() instead")
     if storage.dtype is None:
         raise ConvertError("corrupt checkpoint: an untyped storage rebuilt without a dtype")
-    return StoredTensor(storage.dtype, size, storage.storage, storage_offset, stride)
+    return StoredTensor(storage.dtype, size, storage.storage, storage_offset, stride, shapes)
 
 
-def _rebuild_tensor(storage, storage_offset, size, stride):
-    return _rebuild_tensor_v2(storage, storage_offset, size, stride)
+def _rebuild_tensor(storage, storage_offset, size, stride, *, shapes=None):
+    return _rebuild_tensor_v2(storage, storage_offset, size, stride, shapes=shapes)
 
 
-def _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype, metadata=None):
+def _rebuild_tensor_v3(
+    storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype, metadata=None, *, shapes=None
+):
     if metadata:
         raise Refused("a tensor has its conj/neg bit set; save t.resolve_conj().resolve_neg() instead")
     dtype = BY_NAME.get(getattr(dtype, "name", None))
     if dtype is None:
         raise Refused(f"a tensor has dtype {dtype!r}, which convert-ckpt does not convert")
-    return StoredTensor(dtype, size, storage.storage, storage_offset, stride)
+    return StoredTensor(dtype, size, storage.storage, storage_offset, stride, shapes)
+
+
+_TENSOR_REBUILDERS = {_rebuild_tensor, _rebuild_tensor_v2, _rebuild_tensor_v3}
 
 
 def _rebuild_parameter(data, requires_grad, backward_hooks, state=None):
@@ -283,12 +296,15 @@ class SafeUnpickler(pickle.Unpickler):
         self._storage = storage
         self._allow_unsafe = allow_unsafe
         self._extra = extra_globals or {}
+        self._shapes: dict[tuple, tuple] = {}
 
     def find_class(self, module, name):
         module, name = canonical(module, name)
         if (module, name) in self._extra:
             return self._extra[(module, name)]
         stand_in = _torch_global(module, name)
+        if stand_in in _TENSOR_REBUILDERS:
+            return functools.partial(stand_in, shapes=self._shapes)
         if stand_in is not None:
             return stand_in
         if (
