@@ -29,9 +29,11 @@ def _is_terminal(value) -> bool:
     return True
 
 
-def flatten(state_dict: Mapping) -> Iterator[tuple[str, Path, object]]:
+def flatten(state_dict: Mapping, unique: bool = True) -> Iterator[tuple[str, Path, object]]:
     """(flat key, path, leaf) for every leaf, in traversal order, generated as the walk goes (a checkpoint may hold a
-    million leaves: their keys and paths are not all built at once unless the caller keeps them)."""
+    million leaves: their keys and paths are not all built at once unless the caller keeps them). `unique=False`
+    skips the check that no two leaves flatten to one key, and the set of every key it keeps, for a tree already
+    walked once."""
     seen: set[str] = set()
 
     def visit(path: Path, value):
@@ -40,9 +42,10 @@ def flatten(state_dict: Mapping) -> Iterator[tuple[str, Path, object]]:
                 yield from visit(path + (str(key),), item)
         elif _is_terminal(value):
             key = ".".join(map(str, path))
-            if key in seen:
-                raise ConvertError(f"two entries flatten to the same DCP key {key!r}")
-            seen.add(key)
+            if unique:
+                if key in seen:
+                    raise ConvertError(f"two entries flatten to the same DCP key {key!r}")
+                seen.add(key)
             yield key, path, value
         else:
             for index, item in enumerate(value):
