@@ -14,6 +14,7 @@ chunk r in `__r_0.distcp`, the layout dcp.save produces from N FSDP2 ranks: a
 rank's load then reads its own chunk only.
 """
 
+import functools
 import math
 import os
 from array import array
@@ -22,7 +23,7 @@ from contextlib import ExitStack
 from migrate_fsdp.convert_ckpt import dcp_format
 from migrate_fsdp.convert_ckpt.fileio import OutputFile
 from migrate_fsdp.convert_ckpt.flatten import flatten
-from migrate_fsdp.convert_ckpt.pickling import DeferredDict, Pickler
+from migrate_fsdp.convert_ckpt.pickling import DeferredDict, Fragment, Pickler
 from migrate_fsdp.convert_ckpt.tensors import RowSlice, TensorRef
 from migrate_fsdp.convert_ckpt.write_torch import write_archive
 
@@ -79,7 +80,9 @@ def _entries(placed):
         if not isinstance(value, TensorRef):
             yield key, dcp_format.BYTES_ENTRY
         else:
-            yield key, dcp_format.tensor_entry(value.dtype, value.shape, [blob[:2] for blob in blobs])
+            chunks = [blob[:2] for blob in blobs]
+            build = functools.partial(dcp_format.tensor_entry, value.dtype, value.shape, chunks)
+            yield key, Fragment((value.dtype.name, value.shape, tuple(chunks)), build)
 
 
 def _storage(placed):
