@@ -1,6 +1,6 @@
 """Benchmark of `migrate-fsdp convert-ckpt` against PyTorch's own converter and a plain copy, side by side.
 
-    python bench/convert_ckpt.py [--gb 2] [--rounds 3] [--dir DIR]
+    python bench/convert_ckpt.py [--gb 2] [--rounds 3] [--dir DIR] [--tiny 100000]
 
 Generates a torch.save checkpoint of about --gb GB (dozens of model tensors plus AdamW state, as FSDP1's
 FULL_STATE_DICT + FSDP.optim_state_dict saves it), then times, in interleaved rounds:
@@ -13,7 +13,8 @@ posix_fadvise(DONTNEED) on the source), sampling the RssAnon of the whole proces
 would count the file pages of the source, which the kernel can drop at will). A last run of convert-ckpt on a
 checkpoint a quarter the size shows whether its memory stays flat as the checkpoint grows, and a checkpoint of
 --tiny tensors of 4 floats each (default 100,000) whether it stays flat in the number of tensors too, beside
-torch_to_dcp (torch.load + dcp.save). Prints medians, ratios against the goals, and removes every file it wrote.
+torch_to_dcp (torch.load + dcp.save); `--gb 0` runs that last part only. Prints medians, ratios against the goals,
+and removes every file it wrote.
 """
 
 import argparse
@@ -132,7 +133,7 @@ def _remove(path: str) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gb", type=float, default=2.0, help="checkpoint size (default 2)")
+    parser.add_argument("--gb", type=float, default=2.0, help="checkpoint size (default 2; 0: only the tiny tensors)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds, medians reported (default 3)")
     parser.add_argument("--dir", default=None, help="where the temporary checkpoints go (default: the system temp dir)")
     parser.add_argument("--tiny", type=int, default=100_000, help="tensors of the many-tiny-tensors shape (0: skip)")
@@ -146,6 +147,13 @@ def main():
 
 
 def run(work: str, args) -> None:
+    if args.gb:
+        run_large(work, args)
+    if args.tiny:
+        run_tiny(work, args.tiny)
+
+
+def run_large(work: str, args) -> None:
     source, small = os.path.join(work, "full.pt"), os.path.join(work, "quarter.pt")
     print(f"generating a {args.gb:g} GB checkpoint in {work} ...", flush=True)
     largest, count = make_checkpoint(source, args.gb)
@@ -181,18 +189,6 @@ def run(work: str, args) -> None:
     cold_cache(small)
     small_run = timed([python, "-m", "migrate_fsdp", "convert-ckpt", small, os.path.join(work, "small-out"), "-q"])
     _remove(os.path.join(work, "small-out"))
-    tiny = {}
-    if args.tiny:
-        print(f"{args.tiny} tiny tensors, to see memory stay flat in their number ...", flush=True)
-        tiny_source = os.path.join(work, "tiny.pt")
-        make_tiny_checkpoint(tiny_source, args.tiny)
-        for name in ("torch_to_dcp", "convert-ckpt"):
-            command = [python, "-m", "torch.distributed.checkpoint.format_utils", "torch_to_dcp"]
-            if name == "convert-ckpt":
-                command = [python, "-m", "migrate_fsdp", "convert-ckpt", "-q"]
-            cold_cache(tiny_source)
-            tiny[name] = timed([*command, tiny_source, os.path.join(work, "tiny-out")])
-            _remove(os.path.join(work, "tiny-out"))
 
     wall = {name: statistics.median(r[0] for r in runs) for name, runs in results.items()}
     anon = {name: max(r[1] for r in runs) for name, runs in results.items()}
@@ -217,13 +213,29 @@ def run(work: str, args) -> None:
         f"  at a quarter of the size  = {small_run[1]:.0f} MB ({os.path.getsize(small) / 1e9:.2f} GB checkpoint, "
         f"largest tensor {small_largest / 2**20:.0f} MB, {small_run[0]:.2f} s)"
     )
-    if tiny:
-        print()
-        print(f"{args.tiny} tensors of 4 floats each")
-        print(f"{'':14}{'wall s':>9}{'peak RssAnon MB':>18}")
-        for name, (seconds, peak) in tiny.items():
-            print(f"{name:14}{seconds:9.2f}{peak:18.0f}")
-        print(f"convert-ckpt peak RssAnon   = {tiny['convert-ckpt'][1]:.0f} MB  (goal <= {GOAL_TINY_MB} MB at 100,000)")
+
+
+def run_tiny(work: str, count: int) -> None:
+    print(f"{count} tiny tensors, to see memory stay flat in their number ...", flush=True)
+    source = os.path.join(work, "tiny.pt")
+    started = time.perf_counter()
+    make_tiny_checkpoint(source, count)
+    print(f"  generated with torch.save in {time.perf_counter() - started:.1f} s", flush=True)
+    python = sys.executable
+    tiny = {}
+    for name in ("torch_to_dcp", "convert-ckpt"):
+        command = [python, "-m", "torch.distributed.checkpoint.format_utils", "torch_to_dcp"]
+        if name == "convert-ckpt":
+            command = [python, "-m", "migrate_fsdp", "convert-ckpt", "-q"]
+        cold_cache(source)
+        tiny[name] = timed([*command, source, os.path.join(work, "tiny-out")])
+        _remove(os.path.join(work, "tiny-out"))
+    print()
+    print(f"{count} tensors of 4 floats each")
+    print(f"{'':14}{'wall s':>9}{'us/tensor':>11}{'peak RssAnon MB':>18}")
+    for name, (seconds, peak) in tiny.items():
+        print(f"{name:14}{seconds:9.2f}{seconds / count * 1e6:11.0f}{peak:18.0f}")
+    print(f"convert-ckpt peak RssAnon   = {tiny['convert-ckpt'][1]:.0f} MB  (goal <= {GOAL_TINY_MB} MB at 100,000)")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ everything else are leaves; empty mappings vanish. `set_element` is the inverse
 (DCP's own, used by dcp_to_torch_save).
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from migrate_fsdp.convert_ckpt.errors import ConvertError
 from migrate_fsdp.convert_ckpt.tensors import TensorRef
@@ -29,28 +29,30 @@ def _is_terminal(value) -> bool:
     return True
 
 
-def flatten(state_dict: Mapping) -> list[tuple[str, Path, object]]:
-    """(flat key, path, leaf) for every leaf, in traversal order."""
-    items: list[tuple[str, Path, object]] = []
+def flatten(state_dict: Mapping, unique: bool = True) -> Iterator[tuple[str, Path, object]]:
+    """(flat key, path, leaf) for every leaf, in traversal order, generated as the walk goes (a checkpoint may hold a
+    million leaves: their keys and paths are not all built at once unless the caller keeps them). `unique=False`
+    skips the check that no two leaves flatten to one key, and the set of every key it keeps, for a tree already
+    walked once."""
     seen: set[str] = set()
 
-    def visit(path: Path, value) -> None:
+    def visit(path: Path, value):
         if isinstance(value, Mapping):
             for key, item in value.items():
-                visit(path + (str(key),), item)
+                yield from visit(path + (str(key),), item)
         elif _is_terminal(value):
             key = ".".join(map(str, path))
-            if key in seen:
-                raise ConvertError(f"two entries flatten to the same DCP key {key!r}")
-            seen.add(key)
-            items.append((key, path, value))
+            if unique:
+                if key in seen:
+                    raise ConvertError(f"two entries flatten to the same DCP key {key!r}")
+                seen.add(key)
+            yield key, path, value
         else:
             for index, item in enumerate(value):
-                visit(path + (index,), item)
+                yield from visit(path + (index,), item)
 
     for key, value in state_dict.items():
-        visit((str(key),), value)
-    return items
+        yield from visit((str(key),), value)
 
 
 def set_element(root: dict, path: Path, value) -> None:

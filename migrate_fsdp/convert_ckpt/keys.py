@@ -37,10 +37,12 @@ class Renamer:
 
     def __call__(self, key: str) -> str:
         if self.strip_prefixes:
-            parts = [p for p in key.split(".") if p not in WRAPPER_PARTS]
-            while len(parts) > 1 and parts[0] == LEADING_PART:
-                parts.pop(0)
-            key = ".".join(parts)
+            parts = key.split(".")
+            kept = [p for p in parts if p not in WRAPPER_PARTS]
+            while len(kept) > 1 and kept[0] == LEADING_PART:
+                kept.pop(0)
+            if len(kept) < len(parts):  # else the key itself, not an equal copy: a million keys would be held twice
+                key = ".".join(kept)
         for pattern, replacement in self.rules:
             try:
                 key = pattern.sub(replacement, key)
@@ -51,12 +53,12 @@ class Renamer:
 
 def rename_keys(mapping: Mapping, renamer: Renamer, what: str) -> dict:
     renamed: dict = {}
-    sources: dict = {}
     for key, value in mapping.items():
         new = renamer(key)
         if new in renamed:
-            raise ConvertError(f"renaming makes two {what} keys one: {sources[new]!r} and {key!r} both become {new!r}")
-        renamed[new], sources[new] = value, key
+            first = next(k for k in mapping if renamer(k) == new)
+            raise ConvertError(f"renaming makes two {what} keys one: {first!r} and {key!r} both become {new!r}")
+        renamed[new] = value
     return renamed
 
 

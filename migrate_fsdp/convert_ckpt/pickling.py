@@ -66,6 +66,19 @@ class DeferredDict:
         self.items = items  # a function returning an iterator of (key, value)
 
 
+class Fragment:
+    """`build()`, pickled once for all fragments of an equal `key` and written again as the same bytes (with
+    `memo_globals_only`, once the classes it names are memoised, its pickle no longer depends on where it goes):
+    a million tensors of a few shapes have a few different DCP metadata entries."""
+
+    __slots__ = ("key", "build")
+
+    def __init__(self, key, build):
+        self.key, self.build = key, build
+
+
+FRAGMENTS_KEPT = 4096  # distinct fragments remembered; a checkpoint of more shapes pickles the others each time
+
 TORCH_UTILS = "torch._utils"
 
 
@@ -100,6 +113,7 @@ class Pickler(pickle._Pickler):
         # objects per tensor. There nothing needs sharing but the class names, memoised by value instead.
         self._memo_globals_only = memo_globals_only
         self._globals: dict[GlobalRef, int] = {}
+        self._fragments: dict = {}
 
     def memoize(self, obj):
         if not self._memo_globals_only or isinstance(obj, GlobalRef):
@@ -190,6 +204,23 @@ class Pickler(pickle._Pickler):
             self.write(pickle.SETITEMS)
 
     dispatch[DeferredDict] = _save_deferred_dict
+
+    def _save_fragment(self, obj: Fragment):
+        data = self._fragments.get(obj.key)
+        if data is None:
+            named = len(self._globals)
+            buffer, write = io.BytesIO(), self.write
+            self.write = buffer.write
+            try:
+                self.save(obj.build())
+            finally:
+                self.write = write
+            data = buffer.getvalue()
+            if self._memo_globals_only and len(self._globals) == named and len(self._fragments) < FRAGMENTS_KEPT:
+                self._fragments[obj.key] = data
+        self.write(data)
+
+    dispatch[Fragment] = _save_fragment
 
 
 def dumps(obj, protocol=2) -> tuple[bytes, list[StorageSlot]]:

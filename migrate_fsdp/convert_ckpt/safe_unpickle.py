@@ -13,6 +13,7 @@ quantized or sparse tensors) get a specific refusal instead.
 """
 
 import _compat_pickle
+import functools
 import importlib
 import io
 import pickle
@@ -20,6 +21,7 @@ import pickletools
 
 from migrate_fsdp.convert_ckpt.dtypes import BY_NAME, BY_STORAGE, QUANTIZED_STORAGES
 from migrate_fsdp.convert_ckpt.errors import ConvertError, Refused, UnsafePickle
+from migrate_fsdp.convert_ckpt.pickle_memo import GET_OPS, PUT_OPS, compact_memo
 from migrate_fsdp.convert_ckpt.pickling import GlobalRef, Reduced, TorchSize
 from migrate_fsdp.convert_ckpt.tensors import StoredTensor
 
@@ -65,19 +67,17 @@ def canonical(module: str, name: str) -> tuple[str, str]:
 
 
 _STRING_OPS = {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
-_GET_OPS = {"GET", "BINGET", "LONG_BINGET"}
-_PUT_OPS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
 
-def scan_globals(data: bytes, what: str) -> tuple[set[str], set[str]]:
-    """The globals a pickle names and the strings it holds that name flat parameters, read from its opcodes without
-    running it.
+def scan_globals(data: bytes, what: str) -> tuple[set[str], set[str], set[int]]:
+    """The globals a pickle names, the strings it holds that name flat parameters and the memo slots its GETs read,
+    from its opcodes without running it.
 
     STACK_GLOBAL takes its module and name from the two strings pushed just
     before it, fresh or fetched from the memo, so the memo is tracked for strings
     (only for strings: a pickle of a million tensors memoises millions of objects).
     """
-    names, flat_params, memo = set(), set(), {}
+    names, flat_params, fetched, memo = set(), set(), set(), {}
     pushed: tuple = (None, None)  # the last two strings pushed
     memoised = 0  # MEMOIZE's implicit index
     last = None  # the string the previous opcode pushed, if it pushed one
@@ -96,11 +96,12 @@ def scan_globals(data: bytes, what: str) -> tuple[set[str], set[str]]:
                 if last.endswith("flat_param"):
                     flat_params.add(last)
                 pushed = (pushed[1], last)
-            elif op in _GET_OPS:
+            elif op in GET_OPS:
+                fetched.add(arg)
                 last = memo.get(arg)
                 if last is not None:
                     pushed = (pushed[1], last)
-            elif op in _PUT_OPS:
+            elif op in PUT_OPS:
                 if last is not None:
                     memo[arg] = last
             elif op == "MEMOIZE":
@@ -111,7 +112,7 @@ def scan_globals(data: bytes, what: str) -> tuple[set[str], set[str]]:
                 last = None
     except ValueError as error:
         raise ConvertError(f"{what} is truncated or corrupt: {error}") from None
-    return names, flat_params
+    return names, flat_params, fetched
 
 
 def refuse_non_full(names: set[str], flat_params: set[str], what: str) -> None:
@@ -179,25 +180,37 @@ class _Storage:
         self.storage, self.dtype = storage, dtype
 
 
-def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None, metadata=None):
+# The tensor rebuilders get `shapes`, the unpickler's table of the shape and stride tuples met so far, so that the
+# tensors of one shape share one tuple (a model repeats a few shapes; a million tensors would otherwise hold two
+# tuples each).
+
+
+def _rebuild_tensor_v2(
+    storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None, metadata=None, *, shapes=None
+):
     if metadata:
         raise Refused("a tensor has its conj/neg bit set; save t.resolve_conj().resolve_neg() instead")
     if storage.dtype is None:
         raise ConvertError("corrupt checkpoint: an untyped storage rebuilt without a dtype")
-    return StoredTensor(storage.dtype, size, storage.storage, storage_offset, stride)
+    return StoredTensor(storage.dtype, size, storage.storage, storage_offset, stride, shapes)
 
 
-def _rebuild_tensor(storage, storage_offset, size, stride):
-    return _rebuild_tensor_v2(storage, storage_offset, size, stride)
+def _rebuild_tensor(storage, storage_offset, size, stride, *, shapes=None):
+    return _rebuild_tensor_v2(storage, storage_offset, size, stride, shapes=shapes)
 
 
-def _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype, metadata=None):
+def _rebuild_tensor_v3(
+    storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype, metadata=None, *, shapes=None
+):
     if metadata:
         raise Refused("a tensor has its conj/neg bit set; save t.resolve_conj().resolve_neg() instead")
     dtype = BY_NAME.get(getattr(dtype, "name", None))
     if dtype is None:
         raise Refused(f"a tensor has dtype {dtype!r}, which convert-ckpt does not convert")
-    return StoredTensor(dtype, size, storage.storage, storage_offset, stride)
+    return StoredTensor(dtype, size, storage.storage, storage_offset, stride, shapes)
+
+
+_TENSOR_REBUILDERS = {_rebuild_tensor, _rebuild_tensor_v2, _rebuild_tensor_v3}
 
 
 def _rebuild_parameter(data, requires_grad, backward_hooks, state=None):
@@ -283,12 +296,15 @@ class SafeUnpickler(pickle.Unpickler):
         self._storage = storage
         self._allow_unsafe = allow_unsafe
         self._extra = extra_globals or {}
+        self._shapes: dict[tuple, tuple] = {}
 
     def find_class(self, module, name):
         module, name = canonical(module, name)
         if (module, name) in self._extra:
             return self._extra[(module, name)]
         stand_in = _torch_global(module, name)
+        if stand_in in _TENSOR_REBUILDERS:
+            return functools.partial(stand_in, shapes=self._shapes)
         if stand_in is not None:
             return stand_in
         if (
@@ -309,22 +325,25 @@ class SafeUnpickler(pickle.Unpickler):
         return _Storage(self._storage(str(key), storage_type.dtype), storage_type.dtype)
 
 
-def vet_pickle(data: bytes, what: str, allow_unsafe: bool = False, extra_globals=None) -> None:
-    """Raise the refusals and unsafe globals of a pickle from its opcodes alone, before anything runs.
+def vet_pickle(data: bytes, what: str, allow_unsafe: bool = False, extra_globals=None) -> set[int]:
+    """Raise the refusals and unsafe globals of a pickle from its opcodes alone, before anything runs; returns the
+    memo slots its GETs read.
 
     `extra_globals` maps (module, name) to stand-ins allowed for this pickle only
     (the DCP metadata classes); such a pickle is metadata, not a checkpoint, and
     is not classified.
     """
-    names, flat_params = scan_globals(data, what)
+    names, flat_params, fetched = scan_globals(data, what)
     if extra_globals is None:
         refuse_non_full(names, flat_params, what)
     check_allowed(names, allow_unsafe, what, {f"{m}.{n}" for m, n in (extra_globals or {})})
+    return fetched
 
 
 def unpickle(data: bytes, storage, what: str, allow_unsafe: bool = False, extra_globals=None):
-    """Vet, then load, a checkpoint's pickle (see vet_pickle for `extra_globals`)."""
-    vet_pickle(data, what, allow_unsafe, extra_globals)
+    """Vet, then load, a checkpoint's pickle (see vet_pickle for `extra_globals`), keeping only the memo slots it
+    reads back (see pickle_memo)."""
+    data = compact_memo(data, vet_pickle(data, what, allow_unsafe, extra_globals), what)
     try:
         return SafeUnpickler(data, storage, allow_unsafe, extra_globals).load()
     except ConvertError:

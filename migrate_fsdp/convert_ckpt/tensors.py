@@ -129,10 +129,14 @@ class StoredTensor(TensorRef):
 
     __slots__ = ("dtype", "shape", "storage", "storage_offset", "stride")
 
-    def __init__(self, dtype: DType, shape, storage, storage_offset: int = 0, stride=None):
+    def __init__(self, dtype: DType, shape, storage, storage_offset: int = 0, stride=None, shapes=None):
+        """`shapes`: a table of shape and stride tuples to share these with (see safe_unpickle)."""
         self.dtype, self.shape = dtype, tuple(int(s) for s in shape)
         self.storage, self.storage_offset = storage, int(storage_offset)
         self.stride = tuple(int(s) for s in stride) if stride is not None else contiguous_strides(self.shape)
+        if shapes is not None:
+            self.shape = shapes.setdefault(self.shape, self.shape)
+            self.stride = shapes.setdefault(self.stride, self.stride)
         if self.numel:
             last = self.storage_offset + sum((n - 1) * s for n, s in zip(self.shape, self.stride))
             if (

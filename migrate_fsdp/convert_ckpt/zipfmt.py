@@ -26,7 +26,7 @@ _U32 = 0xFFFFFFFF  # a 32-bit field holding this means "see the zip64 extra fiel
 ZIP64_LIMIT = _U32  # sizes and offsets from here on need zip64 fields
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per tensor: no per-instance dict
 class Record:
     name: str
     offset: int  # absolute offset of the record's data in the file

@@ -48,7 +48,7 @@ def test_flatten_is_dcps():
         "plain": [1, "x"],
     }
     theirs, mapping = flatten_state_dict(tree)
-    ours = flatten(_as_refs(tree))
+    ours = list(flatten(_as_refs(tree)))
     assert [key for key, _, _ in ours] == list(theirs)
     assert {key: path for key, path, _ in ours} == mapping
 
