@@ -6,12 +6,15 @@ constructor stays FSDP1 gives a program that crashes or trains silently
 wrong, so the rewrite runs in two steps:
 
 1. Each file is rewritten as if every constructor converted, and records
-   *facts*: its FSDP1 constructors (does each convert on its own?) and every
-   use a rule would convert, with the constructors of the file whose model
-   reaches it (`ties`) and whether a model built out of sight may reach it
-   (`untied`).
+   *facts*: its FSDP1 constructors (does each convert on its own? does its
+   model leave the file's sight: escapes.py), every use a rule would
+   convert and every use a rule leaves FSDP1 (`staying`), each with the
+   constructors of the file whose model reaches it (`ties`) and whether a
+   model built out of sight may reach it (`untied`).
 2. `decide` joins the facts of all files: constructors that share a use
-   stand or fall together; a use converts only if every constructor tied to
+   stand or fall together; a constructor tied to a use that stays, stays;
+   while FSDP1 code for untraced models stays, so does every constructor
+   whose model escapes. A use converts only if every constructor tied to
    it converts, and a use that cannot be tied to any converts only if the
    program keeps no FSDP1 constructor at all. Files whose first rewrite
    assumed too much are rewritten again from the same parsed tree with the
