@@ -16,7 +16,7 @@ when there is one, else where the FSDP imports stood, inside the same
 import libcst as cst
 
 from migrate_fsdp.rewrite.names import FSDP_PACKAGE, is_fsdp1
-from migrate_fsdp.rewrite.syntax import chain_root, dotted, imported_modules, is_docstring, is_import_line, walk
+from migrate_fsdp.rewrite.syntax import chain_root, dotted, import_aliases, imported_modules, is_docstring, is_import_line
 
 
 class _UsedNames(cst.CSTVisitor):
@@ -147,17 +147,6 @@ def _relaid(layout, comment_from, lines_too: bool = True):
     return layout.with_changes(whitespace_after=whitespace)
 
 
-def _import_aliases(module: cst.Module):
-    """(qualified name, alias) of every absolute import in `module`, at any depth."""
-    for node, _ in walk(module):
-        if isinstance(node, cst.ImportFrom) and not node.relative and not isinstance(node.names, cst.ImportStar):
-            for alias in node.names:
-                yield f"{dotted(node.module)}.{dotted(alias.name)}", alias
-        elif isinstance(node, cst.Import):
-            for alias in node.names:
-                yield dotted(alias.name), alias
-
-
 class _DropUnusedImports(cst.CSTTransformer):
     """Drops the imports nobody uses any more: FSDP1's, and those the input used."""
 
@@ -172,7 +161,7 @@ class _DropUnusedImports(cst.CSTTransformer):
 
     def visit_Module(self, node: cst.Module) -> None:
         self.keeps_fsdp1 = any(
-            is_fsdp1(qualified) and _uses(self.used, alias, by_chain=True) for qualified, alias in _import_aliases(node)
+            is_fsdp1(qualified) and _uses(self.used, alias, by_chain=True) for qualified, alias in import_aliases(node)
         )
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:

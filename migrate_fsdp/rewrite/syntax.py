@@ -45,6 +45,18 @@ def is_import_line(statement) -> bool:
     )
 
 
+def import_aliases(module: cst.Module):
+    """(qualified name as written, alias) of every absolute `import` / `from ... import` in `module`, at any depth."""
+    for node, _ in walk(module):
+        if isinstance(node, cst.ImportFrom) and not node.relative and node.module is not None:
+            if not isinstance(node.names, cst.ImportStar):
+                for alias in node.names:
+                    yield f"{dotted(node.module)}.{dotted(alias.name)}", alias
+        elif isinstance(node, cst.Import):
+            for alias in node.names:
+                yield dotted(alias.name), alias
+
+
 def imported_modules(statement) -> list[str]:
     """Absolute module paths an import line names (`from m import x` -> m; `import a.b` -> a.b)."""
     modules = []

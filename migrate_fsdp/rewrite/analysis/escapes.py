@@ -14,7 +14,9 @@ import libcst as cst
 from migrate_fsdp.rewrite.analysis.models import assignments_of
 from migrate_fsdp.rewrite.syntax import walk
 
-_INSPECTING_BUILTINS = frozenset({"isinstance", "print", "len", "type", "id", "hasattr", "getattr", "repr", "str"})
+_INSPECTING_BUILTINS = tuple(
+    f"builtins.{name}" for name in ("isinstance", "print", "len", "type", "id", "hasattr", "getattr", "repr", "str")
+)
 
 
 def escapes(ctx, call: cst.Call, stack) -> bool:
@@ -53,7 +55,7 @@ def _hands_on(ctx, name: cst.Name, ancestors) -> bool:
 
 
 def _cannot_hold_user_code(ctx, func) -> bool:
-    names = ctx.qualified_names(func)
-    if isinstance(func, cst.Name) and func.value in _INSPECTING_BUILTINS and names <= {f"builtins.{func.value}", func.value}:
+    if ctx.matches(func, *_INSPECTING_BUILTINS):
         return True
+    names = ctx.qualified_names(func)
     return bool(names) and all(name == "torch" or name.startswith("torch.") for name in names)

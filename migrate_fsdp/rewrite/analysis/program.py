@@ -28,7 +28,7 @@ import libcst as cst
 from migrate_fsdp.rewrite.analysis.escapes import escapes
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
-from migrate_fsdp.rewrite.syntax import dotted, walk
+from migrate_fsdp.rewrite.syntax import dotted, import_aliases, walk
 
 BLOCKED = "MF003"  # a use of a model whose constructor stays FSDP1
 KEPT_FSDP1 = "MF004"  # a use of a model from out of sight, in a program that keeps FSDP1 models
@@ -230,13 +230,4 @@ def _imports_fsdp1(ctx) -> bool:
     """The file imports a name of torch's FSDP1 (a cheap text test first: most files name none)."""
     if "fsdp" not in ctx.text:
         return False
-    for statement, _ in walk(ctx.module):
-        if isinstance(statement, cst.ImportFrom) and not statement.relative and statement.module is not None:
-            if not isinstance(statement.names, cst.ImportStar):
-                module = dotted(statement.module)
-                if any(is_fsdp1(canonical(f"{module}.{dotted(alias.name)}")) for alias in statement.names):
-                    return True
-        elif isinstance(statement, cst.Import):
-            if any(is_fsdp1(dotted(alias.name)) for alias in statement.names):
-                return True
-    return False
+    return any(is_fsdp1(canonical(qualified)) for qualified, _ in import_aliases(ctx.module))

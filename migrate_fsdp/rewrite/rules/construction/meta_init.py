@@ -117,19 +117,18 @@ class MetaInitRule(KeywordRule):
 
     def before(self, plan, module, full_state_dict: str) -> list[cst.BaseStatement]:
         rank = self.analysis.names.ref(plan.site.node, "torch.distributed.get_rank")
-        sync = "" if plan.sync_module_states is True else "SYNC and "
-        return self._whole_world_mesh(plan) + statements(
+        sync = "" if plan.sync_module_states is True else "SYNC and "  # a run-time flag guards each step
+        return self._whole_world_mesh(plan, sync) + statements(
             f"{full_state_dict} = MODULE.state_dict() if {sync}{rank}() == 0 else {{}}", MODULE=module, SYNC=plan.sync_module_states
         )
 
-    def _whole_world_mesh(self, plan) -> list[cst.BaseStatement]:
+    def _whole_world_mesh(self, plan, sync: str) -> list[cst.BaseStatement]:
         """FSDP1 synced a device mesh's ranks from its first rank (inter-node group, then intra-node): global
         rank 0's weights everywhere when the mesh holds every rank, which FSDP2's broadcast_from_rank0 also
         gives. A mesh over some ranks only (model parallelism beside it) is refused where it runs."""
         if plan.device_mesh is None:
             return []
         world = self.analysis.names.ref(plan.site.node, "torch.distributed.get_world_size")
-        sync = "" if plan.sync_module_states is True else "SYNC and "
         return statements(
             f"""
             if {sync}MESH is not None and MESH.size() != {world}():

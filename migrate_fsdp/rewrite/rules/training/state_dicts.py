@@ -124,7 +124,7 @@ class StateDictPlan:
         self._context_of: dict[int, Context] = {}  # id(call) -> its context
         self._blocked: dict[int, Context] = {}  # id(call) -> the unreadable context governing it
         self.removed_statements: set[int] = set()
-        self.config_statements: dict[int, tuple] = {}  # id(config line) -> (line, why it stays; None: say nothing)
+        self.config_statements: dict[int, tuple] = {}  # id(config line) -> (line, why it stays; None: only for blocks that stay)
         self.built = False
 
     # ----- collecting --------------------------------------------------------------------
@@ -295,13 +295,14 @@ class StateDictPlan:
         if method == "set_state_dict_type" and region:
             problems.append(self._set_context_escape(context, stack))
         holders = _holders(context.model)
+        chain = holders | {context.model}  # `trainer` inside `trainer.model` is the model, not its holder
         for node, parents in walk(*region):
             if not isinstance(node, (cst.Name, cst.Attribute)):
                 continue
             name = dotted(node)
             if name == context.model:
                 problems.append(self._region_use(context, node, parents, optim_rule_selected))
-            elif name in holders and not (parents and dotted(parents[-1]) in holders | {context.model}):
+            elif name in holders and not (parents and dotted(parents[-1]) in chain):
                 # `trainer.save_model()` under a setting on `trainer.model`: the holder reaches the model out of sight
                 problems.append(
                     f"`{name}` holds `{context.model}` and may read the setting out of sight ({self._describe(node, parents)})"
