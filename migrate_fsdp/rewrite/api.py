@@ -94,7 +94,7 @@ class ParsedFile:
 def rewrite_program(files: list[ParsedFile]) -> list[RewriteResult]:
     """Rewrite files that form one program: each model converts together with all its uses, or not at all."""
     first = [file.rewrite() for file in files]
-    verdicts = decide([facts for _, facts in first])
+    verdicts = decide([facts for _, facts in first], {file.path: file.data for file in files})
     return [file.rewrite(verdicts[file.path])[0] if file.path in verdicts else result for file, (result, _) in zip(files, first)]
 
 

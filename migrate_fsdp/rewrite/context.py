@@ -139,12 +139,15 @@ class FileContext:
 
     # ----- requests --------------------------------------------------------------------
 
-    def report(self, node: cst.CSTNode, code: str, message: str) -> None:
-        """Leave `node` as it is and tell the user why, with a TODO in the file."""
+    def report(self, node: cst.CSTNode, code: str, message: str, unsure: bool = False) -> None:
+        """Leave `node` as it is and tell the user why, with a TODO in the file.
+
+        `unsure`: `node` is shaped like a use of an FSDP1 model whose model cannot be traced at all.
+        """
         self._reports.append((node, code, message))
         self._covered.add(id(node))
         if code in self.use_codes:
-            self.program.stays(node, code, tuple(self.stack))
+            self.program.stays(node, code, tuple(self.stack), unsure)
         if self._todo:
             edits = self._edits_for(self.statement())
             if code not in edits.todos:

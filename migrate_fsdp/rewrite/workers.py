@@ -45,7 +45,7 @@ def rewrite_files(jobs: list[Job], selection: Selection, todo: bool, workers: in
         first = {}
         for pipe, share in zip(pipes, shares):
             first.update(_receive(pipe, share))
-        verdicts = decide([facts for _, facts in first.values() if facts is not None])
+        verdicts = decide([facts for _, facts in first.values() if facts is not None], dict(jobs))
         for pipe, share in zip(pipes, shares):
             pipe.send({path: verdicts[path] for path, _ in share if path in verdicts})
         results = {path: result for path, (result, _) in first.items()}

@@ -48,3 +48,32 @@ def test_bf16_mixed_precision_chosen_at_run_time_trains_alike(tmp_path):
         old_loss, new_loss = float(old_line.split()[3]), float(new_line.split()[3])
         # bf16 with accumulation: FSDP1 accumulates in bf16 under no_sync, FSDP2 in float32 (documented).
         assert abs(old_loss - new_loss) <= 2e-2 * abs(old_loss)
+
+
+SHARED_LOOP = FIXTURES / "projects" / "shared_loop"
+
+
+def _train_shared_loop(tmp_path, side: str, *flags: str):
+    project = tmp_path / side
+    shutil.copytree(SHARED_LOOP / side, project)
+    saves = tmp_path / f"{side}_saves"
+    saves.mkdir()
+    done = torchrun(project / "loop" / "train.py", "--save_dir", saves, *flags, env={"PYTHONPATH": str(project)})
+    return step_lines(done.stdout), torch.load(saves / "model.pt", weights_only=False)
+
+
+@pytest.mark.parametrize("flags", [(), ("--zero2",)], ids=["full_shard", "shard_grad_op"])
+def test_a_model_handed_to_a_shared_loop_and_a_checkpoint_module_trains_alike(tmp_path, flags):
+    """fixtures/projects/shared_loop: the model goes to a no_sync loop of its file, a step in another module that
+    clips under `if cfg.enable_fsdp:`, and a checkpoint module whose uncalled LOCAL_STATE_DICT and scatter
+    functions stay FSDP1; a kwargs dict the script prints stays as printed."""
+    old_steps, old = _train_shared_loop(tmp_path, "before", *flags)
+    new_steps, new = _train_shared_loop(tmp_path, "after", *flags)
+    assert len(old_steps) == len(new_steps) == 4
+    for old_line, new_line in zip(old_steps, new_steps):
+        # Active clipping: the norm's parts are summed in another order (an ulp, as documented).
+        old_numbers, new_numbers = [float(w) for w in old_line.split()[1::2]], [float(w) for w in new_line.split()[1::2]]
+        assert new_numbers == pytest.approx(old_numbers, rel=1e-5)
+    assert sorted(new) == sorted(old)
+    for name, tensor in old.items():
+        torch.testing.assert_close(new[name], tensor, rtol=1e-5, atol=1e-6)

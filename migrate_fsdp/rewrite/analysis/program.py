@@ -21,12 +21,14 @@ wrong, so the rewrite runs in two steps:
    verdict (`Gate`), so no file is parsed twice.
 """
 
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.escapes import escapes
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models
+from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
 from migrate_fsdp.rewrite.syntax import dotted, import_aliases, walk
 
@@ -42,6 +44,7 @@ class Use:
     code: str
     ties: frozenset  # positions of the file's constructors whose model reaches the use
     untied: bool
+    function: str = ""  # the innermost function holding the use
 
 
 @dataclass
@@ -50,6 +53,8 @@ class FileFacts:
     constructors: dict = field(default_factory=dict)  # Position -> converts on its own
     places: dict = field(default_factory=dict)  # constructor Position -> the function holding it, for messages
     escaping: set = field(default_factory=set)  # constructors whose model may reach code out of the file's sight
+    callees: dict = field(default_factory=dict)  # constructor Position -> functions of the file it is handed to
+    declared: Counter | None = None  # function name -> occurrences that are not uses (reachability.py); None: not parsed
     uses: dict = field(default_factory=dict)  # (Position, code) -> Use
     staying: dict = field(default_factory=dict)  # (Position, code) -> Use a rule could not convert: it stays FSDP1
     imports_fsdp1: bool = False  # names torch's FSDP1 (not fairscale's, not FSDP2)
@@ -74,8 +79,11 @@ class Verdict:
         return bool(self.blocked or self.denied or self.builds_fsdp1)
 
 
-def decide(facts: list[FileFacts]) -> dict[str, Verdict]:
-    """The verdict for every file whose first rewrite must be redone (others are final)."""
+def decide(facts: list[FileFacts], sources: dict[str, bytes] | None = None) -> dict[str, Verdict]:
+    """The verdict for every file whose first rewrite must be redone (others are final).
+
+    `sources`: the bytes of every file of the program (also those not parsed), to find functions it never names.
+    """
     parent: dict = {}
 
     places = {(f.path, p): f.places.get(p, "") for f in facts for p in f.constructors}
@@ -89,6 +97,12 @@ def decide(facts: list[FileFacts]) -> dict[str, Verdict]:
             site = parent[site]
         return site
 
+    for file in facts:  # a use in a function a model is handed to is a use of that model
+        for position, callees in file.callees.items():
+            for table in (file.uses, file.staying):
+                for key, use in table.items():
+                    if use.function in callees:
+                        table[key] = replace(use, ties=use.ties | {position})
     for file in facts:
         for use in file.uses.values():
             sites = sorted((file.path, position) for position in use.ties)
@@ -100,13 +114,25 @@ def decide(facts: list[FileFacts]) -> dict[str, Verdict]:
         for use in file.staying.values():
             for position in use.ties:
                 held.setdefault((file.path, position), file.path)
-    untied = sorted(f.path for f in facts for use in f.uses.values() if use.untied)
-    untied_staying = sorted(f.path for f in facts for use in f.staying.values() if use.untied)
+    loose = {u.function for f in facts for u in (*f.uses.values(), *f.staying.values()) if u.untied and not u.ties}
+    dead = unnamed(loose, {f.path: f.declared for f in facts}, sources) if sources else set()
+
+    def reachable(use) -> bool:  # a use in a function nobody calls meets no model of the program
+        return use.untied and (use.ties or use.function not in dead)
+
+    untied = sorted(f.path for f in facts for use in f.uses.values() if reachable(use))
+    untied_staying = sorted(f.path for f in facts for use in f.staying.values() if reachable(use))
     escaping = {}  # a constructor that converts but whose model may meet an untied use that stays -> that use's file
     if (kept or held) and untied or untied_staying:
         first = (untied_staying or untied)[0]
         escaping = {(f.path, p): first for f in facts for p in f.escaping if f.constructors.get(p)}
     escaping = {site: path for site, path in escaping.items() if site not in held}
+    if kept or held or escaping:  # an untied use is then denied: the models tied to it stay with it
+        for file in facts:
+            for use in file.uses.values():
+                for position in use.ties if use.untied else ():
+                    if file.constructors.get(position) and (file.path, position) not in escaping:
+                        held.setdefault((file.path, position), file.path)
     kept_for_uses = set(held) | set(escaping)
     cause = {}  # component root -> the first constructor in it that cannot convert
     for site in sorted(kept | kept_for_uses):
@@ -148,7 +174,7 @@ class Gate:
     def __init__(self, ctx, verdict: Verdict | None) -> None:
         self.ctx = ctx
         self.verdict = verdict
-        self.facts = FileFacts(ctx.path, imports_fsdp1=_imports_fsdp1(ctx))
+        self.facts = FileFacts(ctx.path, imports_fsdp1=_imports_fsdp1(ctx), declared=declarations(ctx.module))
 
     def constructor(self, node, converts: bool, stack) -> str | None:
         """Why the constructor `node` (at `stack`) must stay FSDP1 although it could convert, if it must."""
@@ -156,8 +182,12 @@ class Gate:
         self.facts.constructors[position] = converts
         function = next((n for n in reversed(stack) if isinstance(n, (cst.FunctionDef, cst.ClassDef))), None)
         self.facts.places[position] = f"{function.name.value}()" if isinstance(function, cst.FunctionDef) else ""
-        if converts and escapes(self.ctx, node, stack):
-            self.facts.escaping.add(position)
+        if converts:
+            callees = escapes(self.ctx, node, stack)
+            if callees is None:
+                self.facts.escaping.add(position)
+            elif callees:
+                self.facts.callees[position] = callees
         if not converts or self.verdict is None:
             return None
         return self.verdict.blocked.get(position)
@@ -172,17 +202,17 @@ class Gate:
         self.facts.asked_about_fsdp1 = True
         return False
 
-    def stays(self, node, code: str, stack) -> None:
+    def stays(self, node, code: str, stack, unsure: bool = False) -> None:
         """Record that a rule leaves the FSDP1 use `node` as it is: the models that reach it stay FSDP1 with it.
         A call of the FSDP class's own API (`FSDP.state_dict_type(m, ...)`) takes an FSDP1 model, whatever this
-        file can trace of it."""
+        file can trace of it, and so may a call shaped like FSDP1's on a receiver nothing is known of (`unsure`)."""
         if self.verdict is not None or self.ctx.dual_versions.holds(stack):
             return
         ties, untied, _ = self._origins(node, stack)
-        if not ties and _takes_an_fsdp1_model(self.ctx, node):
+        if not ties and (unsure or _takes_an_fsdp1_model(self.ctx, node)):
             untied = True
         if ties or untied:
-            self.facts.staying[(self.ctx.position(node), code)] = Use(code, frozenset(ties), untied)
+            self.facts.staying[(self.ctx.position(node), code)] = Use(code, frozenset(ties), untied, _function(stack))
 
     def _origins(self, node, stack) -> tuple[set, bool, bool]:
         """(positions of the constructors, a model out of sight, an FSDP2 module) that may reach `node`."""
@@ -209,8 +239,12 @@ class Gate:
                 return Denial(None, "an FSDP2 module's own method: nothing of FSDP1 to convert")
             return None  # FSDP1 API called on an FSDP2 module: its FSDP2 form is what works
         key = (ctx.position(node), code)
-        self.facts.uses[key] = Use(code, frozenset(ties), untied or not ties)
+        self.facts.uses[key] = Use(code, frozenset(ties), untied or not ties, _function(stack))
         return self.verdict.denied.get(key) if self.verdict is not None else None
+
+
+def _function(stack) -> str:
+    return next((n.name.value for n in reversed(stack) if isinstance(n, cst.FunctionDef)), "")
 
 
 def _takes_an_fsdp1_model(ctx, node) -> bool:

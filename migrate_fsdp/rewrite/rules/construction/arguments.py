@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import Assignment
 
+from migrate_fsdp.rewrite.syntax import dotted, walk
+
 # FullyShardedDataParallel.__init__'s parameters, in order (torch 2.x).
 FSDP1_SIGNATURE = (
     "module",
@@ -83,6 +85,8 @@ class FilledDict(Definition):
         return (self.statement, *(fill.statement for fill in self.fills), *guards.values())
 
 
+_BACKWARD_PRE = "torch.distributed.fsdp.BackwardPrefetch.BACKWARD_PRE"
+
 # FSDP1's defaults for what an `if` may or may not put in a kwargs dict (backward_prefetch's is not a literal).
 _DEFAULTS = {
     **{name: "None" for name in FSDP1_SIGNATURE if name not in ("module", "backward_prefetch")},
@@ -120,6 +124,7 @@ class Definitions:
         self._blocks: dict[int, cst.CSTNode] = {}  # definition statement id -> its block
         self._fills: dict[int, Fill] = {}  # id(load of the dict's name) -> the fill
         self.calls: dict[int, int] = {}  # id(call) -> position of its statement
+        self.logged: set[int] = set()  # ids of names passed as such to print(...) or a logger's method
 
     def note(self, assign: cst.Assign) -> None:
         statement = self.ctx.statement()
@@ -165,11 +170,32 @@ class Definitions:
         """What `name["key"] = value` statements put in the dict `definition` makes."""
         return [self._fills[id(load)].value for load in definition.loads if id(load) in self._fills]
 
+    def note_logged(self, call: cst.Call) -> None:
+        """Names `call` only shows (`print("kwargs:", kw)`, `log.info("%s", kw)`): reading cannot change them."""
+        func = call.func
+        if isinstance(func, cst.Name):
+            shows = func.value == "print"
+        else:
+            shows = (
+                isinstance(func, cst.Attribute)
+                and func.attr.value in _LOG_METHODS
+                and "log" in dotted(func.value).lower()
+            )
+        if shows:
+            self.logged.update(id(arg.value) for arg in call.args if isinstance(arg.value, cst.Name) and not arg.star)
+
+    def shown(self, definition: Definition) -> bool:
+        """The dict is also printed or logged: it stays, as the program shows it (its items are read again at the call)."""
+        return any(id(load) in self.logged for load in definition.loads)
+
     def filled(self, definition: Definition, call: cst.Call, is_kwargs_use) -> FilledDict | None:
-        """`definition` with the fills of its dict before `call`, when every other load is a `**` of an FSDP1 call."""
+        """`definition` with the fills of its dict before `call`, when every other load is a `**` of an FSDP1 call,
+        or a print or log of the dict whose items can be read twice."""
         fills = []
         for load in definition.loads:
             if is_kwargs_use(load):
+                continue
+            if id(load) in self.logged:
                 continue
             fill = self._fills.get(id(load))
             if (
@@ -180,6 +206,10 @@ class Definitions:
                 return None
             fills.append(fill)
         fills.sort(key=lambda fill: self.order[id(fill.statement)])  # a later item overrides an earlier one
+        if self.shown(definition) and not all(
+            _reevaluable(self.ctx, value) for value in [definition.value, *(fill.value for fill in fills)]
+        ):
+            return None
         for guard in {id(fill.guard): fill.guard for fill in fills if fill.guard is not None and fill.guard is not fill.statement}.values():
             inside = {id(fill.statement) for fill in fills if fill.guard is guard}
             if not all(id(statement) in inside for statement in guard.body.body):
@@ -240,6 +270,22 @@ class Definitions:
             if self.ctx.scope(name) is here and here[name.value] != use_scope[name.value]:
                 return False
         return True
+
+
+_LOG_METHODS = frozenset(("debug", "info", "warning", "warn", "error", "critical", "exception", "log"))
+
+# Calls that build a value and do nothing else: evaluating one twice (in a dict the program keeps and at the call) is harmless.
+_BUILDERS = ("torch.distributed.fsdp.", "functools.partial", "builtins.set", "builtins.frozenset", "builtins.dict", "builtins.tuple")
+
+
+def _reevaluable(ctx, expression) -> bool:
+    """Evaluating `expression` a second time gives the same value and does nothing else."""
+    for node, _ in walk(expression):
+        if isinstance(node, (cst.Await, cst.Yield, cst.NamedExpr)):
+            return False
+        if isinstance(node, cst.Call) and not any(q.startswith(_BUILDERS) for q in ctx.qualified_names(node.func)):
+            return False
+    return True
 
 
 def _free_names(expression) -> list[cst.Name]:
@@ -322,6 +368,9 @@ def _filled_items(ctx, definition: Definition, arg: cst.Arg) -> list:
             items[fill.key] = fill.value
             continue
         before = items.get(fill.key)
+        if before is None and fill.key == "backward_prefetch" and ctx.matches(fill.value, _BACKWARD_PRE):
+            items[fill.key] = fill.value  # FSDP1's default: the item holds BACKWARD_PRE either way
+            continue
         if before is None:
             if fill.key not in _DEFAULTS:
                 test = ctx.code(fill.guard.test)

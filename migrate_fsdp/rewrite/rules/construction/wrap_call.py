@@ -140,7 +140,8 @@ class WrapCall(Rule):
             self.analysis.fsdp1_arguments.update(subtree_ids(site.node))
             for arg in site.node.args:
                 definition = self.analysis.definitions.of(arg.value) if arg.star == "**" else None
-                if definition is not None:
+                # A dict the program also prints stays as it is: the names in it are not the call's alone.
+                if definition is not None and not self.analysis.definitions.shown(definition):
                     for value in [definition.value, *self.analysis.definitions.fill_values(definition)]:
                         self.analysis.fsdp1_arguments.update(subtree_ids(value))
         self.analysis.close_fsdp1_arguments()

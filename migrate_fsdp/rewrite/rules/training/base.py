@@ -8,6 +8,7 @@ rule that needs one of these hooks for itself calls `super()` first.
 import libcst as cst
 
 from migrate_fsdp.rewrite.rule import FSDP2_MODELS, Rule
+from migrate_fsdp.rewrite.analysis.guards import in_fsdp_branch
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, FsdpModels, Kind, fsdp_models
 from migrate_fsdp.rewrite.syntax import dotted
 
@@ -110,7 +111,14 @@ class TrainingRule(Rule):
         return self.ctx.matches(call.func, *_CASTS) and call.args[0] is parent
 
     def receiver_kind(self, func: cst.Attribute) -> Kind:
-        return self.models.kind(func.value) if dotted(func.value) else Kind.UNKNOWN
+        """What the receiver of a method call is; a model of unknown origin in a branch a guard naming FSDP
+        takes (`if cfg.enable_fsdp:`) is taken for an FSDP model, of a program that builds FSDP1 models."""
+        if not dotted(func.value):
+            return Kind.UNKNOWN
+        kind = self.models.kind(func.value)
+        if kind is Kind.UNKNOWN and in_fsdp_branch(self.ctx.stack) and self.ctx.program.may_build_fsdp1():
+            return Kind.FSDP
+        return kind
 
     def is_statement_call(self) -> bool:
         """The node being left is a whole expression statement (its value is not used)."""

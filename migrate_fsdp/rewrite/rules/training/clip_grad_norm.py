@@ -22,7 +22,7 @@ unknown type, in a file that uses FSDP1, is reported.
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.training.base import TrainingRule, bind, code_of
+from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, bind, code_of
 from migrate_fsdp.rewrite.analysis.models import Kind
 
 
@@ -34,6 +34,7 @@ class ClipGradNorm(TrainingRule):
     code = "MF205"
     name = "clip-grad-norm"
     summary = "model.clip_grad_norm_(...) -> torch.nn.utils.clip_grad_norm_(model.parameters(), ...)"
+    tokens = (*FSDP2_TOKENS, b".clip_grad_norm_(")  # a shared training step may name no FSDP at all
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         func = original.func
@@ -61,7 +62,7 @@ class ClipGradNorm(TrainingRule):
             self.ctx.report(func, self.code, "arguments not understood; " + self._advice(receiver))
         elif kind is Kind.UNKNOWN and self.models.imports_fsdp and self._shaped_like_fsdp1(original):
             self.ctx.report(
-                func, self.code, f"cannot tell whether `{receiver}` is an FSDP1 model; " + self._advice(receiver)
+                func, self.code, f"cannot tell whether `{receiver}` is an FSDP1 model; " + self._advice(receiver), unsure=True
             )
         return updated
 

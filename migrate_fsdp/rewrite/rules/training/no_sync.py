@@ -75,6 +75,7 @@ class NoSync(TrainingRule):
                 self.code,
                 f"cannot tell whether `{receiver}` is an FSDP1 model (DDP has `no_sync` too); "
                 + self._advice(f"{receiver}.no_sync"),
+                unsure=True,
             )
         return False
 

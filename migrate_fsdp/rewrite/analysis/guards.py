@@ -1,0 +1,66 @@
+"""Code that runs only when the program says it uses FSDP: `if cfg.enable_fsdp:`, `if strategy == "fsdp":`.
+
+Training loops shared by FSDP and plain or DDP runs take the model as a
+parameter and pick the FSDP1 call by a flag of the run's configuration:
+
+    if train_config.enable_fsdp:
+        model.clip_grad_norm_(max_norm)
+    else:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+Nothing in the file says what `model` is, but the guard does: the branch is
+the FSDP one. A guard names FSDP when its test is a flag or attribute whose
+name says fsdp (`enable_fsdp`, `cfg.fsdp`, `is_fsdp`), or an equality with a
+string or member naming it (`== "fsdp"`, `== DistributedStrategy.fsdp`); the
+branch is the body of a plain test, the else of a negated one. `or` tests
+prove nothing.
+"""
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.syntax import dotted
+
+
+def in_fsdp_branch(stack) -> bool:
+    """Whether the innermost node of `stack` runs only on a branch a guard naming FSDP takes."""
+    for index, node in enumerate(stack[:-1]):
+        child = stack[index + 1]
+        if isinstance(node, (cst.If, cst.IfExp)):
+            sense = _names_fsdp(node.test)
+            if sense is None:
+                continue
+            if child is node.body and sense or child is node.orelse and not sense:
+                return True
+    return False
+
+
+def _names_fsdp(test) -> bool | None:
+    """True: the test holds when FSDP is used; False: when it is not; None: it says neither."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = _names_fsdp(test.expression)
+        return None if inner is None else not inner
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        left, right = _names_fsdp(test.left), _names_fsdp(test.right)
+        return True if True in (left, right) and False not in (left, right) else None
+    if isinstance(test, (cst.Name, cst.Attribute)):
+        return True if _says_fsdp(dotted(test).rsplit(".", 1)[-1]) else None
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        target = test.comparisons[0]
+        if not isinstance(target.operator, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)):
+            return None
+        named = [side for side in (test.left, target.comparator) if _value_says_fsdp(side)]
+        if len(named) != 1:
+            return None
+        return isinstance(target.operator, (cst.Equal, cst.Is))
+    return None
+
+
+def _value_says_fsdp(node) -> bool:
+    if isinstance(node, cst.SimpleString):
+        return _says_fsdp(str(node.evaluated_value))
+    return isinstance(node, cst.Attribute) and _says_fsdp(node.attr.value)
+
+
+def _says_fsdp(word: str) -> bool:
+    word = word.lower()
+    return "fsdp" in word and "fsdp2" not in word and not word.startswith(("no_fsdp", "not_fsdp", "disable"))

@@ -1,0 +1,109 @@
+"""Functions no code of the program calls: their FSDP1 code cannot meet the program's models.
+
+A checkpoint module often keeps functions nobody calls any more
+(`load_distributed_model_checkpoint` with LOCAL_STATE_DICT, a
+`scatter_full_optim_state_dict` whose result is never loaded), exported from a
+package `__init__` and nothing else. Their FSDP1 code on a parameter cannot
+be converted, and until now it held back every constructor whose model left
+its file. A function the program never names cannot be handed a model, so its
+code holds nothing back.
+
+"Never names" is judged on the bytes of every file of the program (also the
+files not parsed because they name no FSDP1): any occurrence of the name as a
+word counts (in a comment, a string, an attribute of anything), except the
+`def` itself, an unaliased `from ... import name` and an `__all__` entry.
+Functions the program may reach without naming them never count as unnamed:
+decorated ones (registries, entry points), dunders, and methods of classes
+with a base class (framework hooks such as `on_save_checkpoint`).
+"""
+
+import re
+from collections import Counter
+
+import libcst as cst
+
+_UNDECORATED_OK = ("staticmethod", "classmethod")
+
+
+def declarations(module: cst.Module) -> Counter:
+    """How many times each plain function's name occurs in the file without being a use of it."""
+    found: Counter = Counter()
+    _declare_block(module.body, found, in_based_class=False)
+    for statement in module.body:
+        for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                found.update(a.name.value for a in small.names if a.asname is None and isinstance(a.name, cst.Name))
+            elif _is_all(small):
+                found.update(_all_entries(small.value))
+    return found
+
+
+def unnamed(functions: set[str], declared: dict[str, Counter | None], sources: dict[str, bytes]) -> set[str]:
+    """The names in `functions` that no file of the program uses.
+
+    `declared`: path -> its declarations, None for a file the rewrite did not parse (it is parsed here only if it
+    spells one of the names, as a package `__init__` re-exporting them does).
+    """
+    declared = dict(declared)
+    left = {name for name in functions if name}
+    for name in sorted(left):
+        word = re.compile(rb"\b" + re.escape(name.encode()) + rb"\b")
+        for path, data in sources.items():
+            found = len(word.findall(data))
+            if not found:
+                continue
+            if declared.get(path) is None:
+                declared[path] = _declarations_of(data)
+            if found > declared[path][name]:
+                left.discard(name)
+                break
+    return left
+
+
+def _declarations_of(data: bytes) -> Counter:
+    try:
+        return declarations(cst.parse_module(data))
+    except (cst.ParserSyntaxError, UnicodeDecodeError, RecursionError):
+        return Counter()  # every occurrence counts as a use
+
+
+def _declare_block(body, found: Counter, in_based_class: bool) -> None:
+    for statement in body:
+        if isinstance(statement, cst.FunctionDef):
+            if _plain(statement) and not in_based_class:
+                found[statement.name.value] += 1
+            _declare_block(_inner(statement.body), found, in_based_class=False)
+        elif isinstance(statement, cst.ClassDef):
+            based = any(not (isinstance(b.value, cst.Name) and b.value.value == "object") for b in statement.bases)
+            _declare_block(_inner(statement.body), found, in_based_class=based or bool(statement.decorators))
+        elif isinstance(statement, (cst.If, cst.Try, cst.With, cst.For, cst.While)):
+            _declare_block(_inner(statement.body), found, in_based_class)
+            orelse = getattr(statement, "orelse", None)
+            while orelse is not None:
+                _declare_block(_inner(orelse.body), found, in_based_class)
+                orelse = getattr(orelse, "orelse", None)
+
+
+def _plain(function: cst.FunctionDef) -> bool:
+    name = function.name.value
+    if name.startswith("__") and name.endswith("__"):
+        return False
+    return all(isinstance(d.decorator, cst.Name) and d.decorator.value in _UNDECORATED_OK for d in function.decorators)
+
+
+def _inner(body) -> list:
+    return list(body.body) if isinstance(body, cst.IndentedBlock) else []
+
+
+def _is_all(small) -> bool:
+    return (
+        isinstance(small, (cst.Assign, cst.AugAssign))
+        and any(isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in getattr(small, "targets", ()))
+        or isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Name) and small.target.value == "__all__"
+    )
+
+
+def _all_entries(value) -> list[str]:
+    if not isinstance(value, (cst.List, cst.Tuple)):
+        return []
+    return [e.value.evaluated_value for e in value.elements if isinstance(e.value, cst.SimpleString)]

@@ -1,0 +1,81 @@
+"""A function no code of the program names holds no model back; one named anywhere, or reachable unnamed, does."""
+
+import pytest
+
+from migrate_fsdp.rewrite.api import ParsedFile, rewrite_program
+from migrate_fsdp.rewrite.selection import Selection
+
+TRAIN = b'''import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from pkg.ckpt import save
+
+
+def main(module):
+    model = FSDP(module, device_id=torch.device("cpu"))
+    save(model)
+'''
+
+CKPT = b'''import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import StateDictType
+
+
+def save(model):
+    torch.save(model.state_dict(), "m.pt")
+
+%s
+def load_local(model):
+    with FSDP.state_dict_type(model, StateDictType.LOCAL_STATE_DICT):
+        model.load_state_dict(torch.load("local.pt"))
+'''
+
+INIT = b'''from pkg.ckpt import load_local, save
+
+__all__ = ["load_local", "save"]
+'''
+
+
+def _rewrite(files: dict[str, bytes]) -> dict[str, str]:
+    selection = Selection.from_prefixes(None, None)
+    results = rewrite_program([ParsedFile(data, path, selection, True) for path, data in files.items()])
+    return {result.path: result.new_source.decode() for result in results}
+
+
+def _constructor_converts(files) -> bool:
+    return "fully_shard(module" in _rewrite(files)["pkg/train.py"]
+
+
+def test_a_function_only_exported_holds_nothing_back():
+    files = {"pkg/__init__.py": INIT, "pkg/train.py": TRAIN, "pkg/ckpt.py": CKPT % b""}
+    out = _rewrite(files)
+    assert "fully_shard(module" in out["pkg/train.py"]
+    assert "FSDP.state_dict_type(model, StateDictType.LOCAL_STATE_DICT)" in out["pkg/ckpt.py"]
+
+
+@pytest.mark.parametrize(
+    "elsewhere",
+    [
+        b"from pkg.ckpt import load_local\nload_local(None)\n",  # called
+        b"from pkg import ckpt\nhook = getattr(ckpt, 'load_local')\n",  # named in a string
+        b"from pkg.ckpt import load_local as restore\n",  # imported under another name
+    ],
+    ids=["called", "string", "aliased"],
+)
+def test_a_function_named_anywhere_holds_its_models_back(elsewhere):
+    files = {"pkg/__init__.py": INIT, "pkg/train.py": TRAIN, "pkg/ckpt.py": CKPT % b"", "scripts/run.py": elsewhere}
+    assert not _constructor_converts(files)
+
+
+@pytest.mark.parametrize(
+    "decorator", [b"@register\n", b"class Hooks(Callback):\n    @staticmethod\n"], ids=["decorated", "method_of_a_based_class"]
+)
+def test_a_function_reachable_without_its_name_holds_its_models_back(decorator):
+    ckpt = CKPT.replace(b"\ndef load_local", b"\n" + decorator + b"def load_local")
+    if b"class" in decorator:
+        ckpt = ckpt.replace(b"def load_local(model):\n    with", b"def load_local(model):\n        with").replace(
+            b"\n        model.load_state_dict", b"\n            model.load_state_dict"
+        )
+        ckpt = ckpt.replace(b"@staticmethod\ndef", b"@staticmethod\n    def")
+    files = {"pkg/__init__.py": b"", "pkg/train.py": TRAIN, "pkg/ckpt.py": ckpt % b"register = Callback = object\n"}
+    assert not _constructor_converts(files)
