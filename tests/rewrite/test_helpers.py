@@ -26,7 +26,7 @@ def helper(name):
 
 def test_the_rewrite_uses_every_helper_file():
     from migrate_fsdp.rewrite.rules.construction import auto_wrap_policy, forward_prefetch, mesh, mixed_precision
-    from migrate_fsdp.rewrite.rules.training import clip_grad_norm, fsdp_modules, no_sync, state_dicts
+    from migrate_fsdp.rewrite.rules.training import clip_grad_norm, fsdp_modules, no_sync, optim_state_dict, state_dicts
 
     used = {
         auto_wrap_policy.TARGETS_HELPER,
@@ -38,6 +38,7 @@ def test_the_rewrite_uses_every_helper_file():
         clip_grad_norm.HELPER_NAME,
         fsdp_modules.HELPER_NAME,
         no_sync.HELPER_NAME,
+        optim_state_dict.LATER_HELPER,
         state_dicts.GATHER_HELPER_NAME,
     }
     assert used == set(NAMES)

@@ -391,7 +391,10 @@ class WrapCall(Rule):
                 pending += [line for line in statement.leading_lines if line.comment is not None]
                 continue
             if pending:
-                statement = statement.with_changes(leading_lines=[*statement.leading_lines, *pending])
+                lines = list(statement.leading_lines)
+                blanks = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
+                # After the blank lines that set the statement apart, before its own comments: in source order.
+                statement = statement.with_changes(leading_lines=[*lines[:blanks], *pending, *lines[blanks:]])
                 pending = []
             body.append(statement)
         changes = {"body": body}  # an emptied block goes whole with its statement later (imports.finish_module)

@@ -111,11 +111,13 @@ class TrainingRule(Rule):
         return self.ctx.matches(call.func, *_CASTS) and call.args[0] is parent
 
     def receiver_kind(self, func: cst.Attribute) -> Kind:
-        """What the receiver of a method call is; a model of unknown origin in a branch a guard naming FSDP
-        takes (`if cfg.enable_fsdp:`) is taken for an FSDP model, of a program that builds FSDP1 models."""
-        if not dotted(func.value):
-            return Kind.UNKNOWN
-        kind = self.models.kind(func.value)
+        return self.models.kind(func.value) if dotted(func.value) else Kind.UNKNOWN
+
+    def model_method_receiver_kind(self, func: cst.Attribute) -> Kind:
+        """`receiver_kind` for a method only FSDP1 models have among modules (`clip_grad_norm_(max_norm)`,
+        `no_sync()`): a receiver of unknown origin in a branch a guard naming FSDP takes (`if cfg.enable_fsdp:`)
+        is taken for an FSDP model, of a program that builds FSDP1 models."""
+        kind = self.receiver_kind(func)
         if kind is Kind.UNKNOWN and in_fsdp_branch(self.ctx.stack) and self.ctx.program.may_build_fsdp1():
             return Kind.FSDP
         return kind

@@ -52,7 +52,7 @@ class ClipGradNorm(TrainingRule):
         if self.model_method(func, "clip_grad_norm_") is None:
             return updated
         bound = bind(original, _PARAMS)
-        kind = self.receiver_kind(func)
+        kind = self.model_method_receiver_kind(func)
         if kind is Kind.FSDP and bound is not None and "max_norm" in bound:
             if not self.fsdp2_ahead(original):
                 return updated

@@ -65,7 +65,7 @@ class NoSync(TrainingRule):
         return updated
 
     def _convert(self, func: cst.Attribute) -> bool:
-        kind = self.receiver_kind(func)
+        kind = self.model_method_receiver_kind(func)
         if kind is Kind.FSDP:
             return self.fsdp2_ahead(func)
         if kind is Kind.UNKNOWN and not self.models.file_may_hold_ddp and self.ctx.program.may_build_fsdp1():

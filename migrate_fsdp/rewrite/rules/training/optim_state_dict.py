@@ -35,7 +35,7 @@ from migrate_fsdp.rewrite.rules.training.state_dicts import (
     Settings,
     UsesStateDictPlan,
 )
-from migrate_fsdp.rewrite.syntax import dotted
+from migrate_fsdp.rewrite.syntax import dotted, subtree_ids
 
 _LOADERS = {
     # method: (signature, state-dict type, broadcast from rank 0)
@@ -43,6 +43,7 @@ _LOADERS = {
     "scatter_full_optim_state_dict": (("full_optim_state_dict", "model", "optim_input", "optim", "group"), FULL, True),
     "flatten_sharded_optim_state_dict": (("sharded_optim_state_dict", "model", "optim"), SHARDED, False),
 }
+LATER_HELPER = "fsdp2_optim_state_dict_to_load"
 _TO_LOAD = ("model", "optim", "optim_state_dict", "is_named_optimizer", "load_directly", "group")
 _TO_LOAD_LEGACY = ("optim_state_dict", "model", "optim", "is_named_optimizer", "load_directly", "group")
 
@@ -58,6 +59,7 @@ class OptimStateDict(UsesStateDictPlan):
         self._nested: dict[int, cst.Call] = {}  # id(outer load_state_dict call) -> replacement
         self._to_expression: set[int] = set()  # `osd = loader(...)` lines that become a bare call
         self._removed: set[int] = set()  # the `optim.load_state_dict(osd)` lines those make redundant
+        self._statement_loads: dict[str, set[int]] = {}  # optimizer -> ids of `osd` in `optimizer.load_state_dict(osd)` lines
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if id(original) in self._nested:
@@ -192,6 +194,8 @@ class OptimStateDict(UsesStateDictPlan):
         consumer = self._consumer(original, stack, optim_arg)
         if load_directly and isinstance(stack[-2], cst.Expr):
             consumer = ("statement", None)
+        if consumer is None and "optim" in bound and self._loaded_later(stack, optim_arg):
+            consumer = ("later", None)
         if consumer is None:
             return self._report(
                 original,
@@ -199,6 +203,10 @@ class OptimStateDict(UsesStateDictPlan):
             )
         mode, optim = consumer
         build = Builder(self.ctx)
+        if mode == "later":
+            args = [self._arg(original, updated, bound, name) for name in ("model", "optim", "optim_state_dict")]
+            options = build.options(full_state_dict=kind == FULL, broadcast_from_rank0=broadcast)
+            return build.helper_call(LATER_HELPER, args, options)
         model = self._arg(original, updated, bound, "model")
         state = self._arg(original, updated, bound, "optim_state_dict")
         optim_node = self._arg(original, updated, bound, "optim") if "optim" in bound else optim
@@ -224,6 +232,35 @@ class OptimStateDict(UsesStateDictPlan):
             self._to_expression.add(id(statement))
             self._removed.add(id(follower))
         return mode, optim
+
+    def _loaded_later(self, stack, optim_arg) -> bool:
+        """`osd = FSDP.optim_state_dict_to_load(...)` whose every read is a later `optim.load_state_dict(osd)` line
+        of the same optimizer, elsewhere than right after it (after the `if` holding it, as a fallback's too)."""
+        parent, statement = stack[-2], self.ctx.statement()
+        if not (
+            isinstance(parent, cst.Assign)
+            and len(parent.targets) == 1
+            and isinstance(parent.targets[0].target, cst.Name)
+            and isinstance(statement, cst.SimpleStatementLine)
+        ):
+            return False
+        target = parent.targets[0].target
+        inside = subtree_ids(parent.value)  # `osd = FSDP.optim_state_dict_to_load(model, optim, osd)` reads it too
+        references = [
+            r.node
+            for a in assignments_of(self.ctx.scope(target), target.value)
+            if a.node is target
+            for r in a.references
+            if id(r.node) not in inside
+        ]
+        loads = self._statement_loads.get(dotted(optim_arg.value), set()) if optim_arg is not None else set()
+        return bool(references) and all(id(node) in loads for node in references)
+
+    def collect_SimpleStatementLine(self, node) -> None:
+        small = node.body[0] if len(node.body) == 1 else None
+        call = small.value if isinstance(small, cst.Expr) else None
+        if self._is_load_state_dict(call, None) and len(call.args) == 1 and isinstance(call.args[0].value, cst.Name):
+            self._statement_loads.setdefault(dotted(call.func.value), set()).add(id(call.args[0].value))
 
     def _find_consumer(self, original, stack, optim_arg):
         """(mode, optimizer node, assignment line, `load_state_dict` line) for `_consumer`, changing nothing."""

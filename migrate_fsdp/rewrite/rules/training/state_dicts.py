@@ -486,7 +486,13 @@ class Builder:
         return cst.Arg(call, keyword=cst.Name("options"), equal=_NO_SPACE_EQUAL)
 
     def call(self, function: str, args: list, options: cst.Arg | None) -> cst.Call:
-        name = self.ctx.require_import(DSD, function)
+        return self._call(self.ctx.require_import(DSD, function), args, options)
+
+    def helper_call(self, helper: str, args: list, options: cst.Arg | None) -> cst.Call:
+        return self._call(self.ctx.add_helper(helper), args, options)
+
+    @staticmethod
+    def _call(name: str, args: list, options: cst.Arg | None) -> cst.Call:
         all_args = [cst.Arg(a) if isinstance(a, cst.BaseExpression) else a for a in args]
         if options is not None:
             all_args.append(options)
