@@ -1,5 +1,6 @@
 """Rewrite one file's source: the engine's entry point, used by the CLI, `verify` and tests."""
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -91,11 +92,21 @@ class ParsedFile:
             return RewriteResult(self.path, self.data, self.data, [diagnostic], self.module.encoding), FileFacts(self.path)
 
 
-def rewrite_program(files: list[ParsedFile]) -> list[RewriteResult]:
-    """Rewrite files that form one program: each model converts together with all its uses, or not at all."""
+def rewrite_program(files: list[ParsedFile], sources: Mapping[str, bytes] | None = None) -> list[RewriteResult]:
+    """Rewrite files that form one program: each model converts together with all its uses, or not at all.
+    `sources`: every file of the program by path, also those not worth parsing (default: `files`)."""
     first = [file.rewrite() for file in files]
-    verdicts = decide([facts for _, facts in first], {file.path: file.data for file in files})
+    try:
+        verdicts = decide([facts for _, facts in first], sources if sources is not None else {f.path: f.data for f in files})
+    except Exception as error:  # a bug of ours in joining the files' facts: nothing is converted
+        return [left_unchanged(result, error) for result, _ in first]
     return [file.rewrite(verdicts[file.path])[0] if file.path in verdicts else result for file, (result, _) in zip(files, first)]
+
+
+def left_unchanged(result: RewriteResult, error: Exception) -> RewriteResult:
+    """`result`'s file as it was, with an internal error: the program's verdict could not be reached."""
+    message = f"internal error ({type(error).__name__}: {error}) in the program model; file left unchanged, please report it"
+    return RewriteResult(result.path, result.source, result.source, [Diagnostic(result.path, 1, 1, INTERNAL_ERROR, message)], result.encoding)
 
 
 def rewrite_source(

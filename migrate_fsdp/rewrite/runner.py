@@ -7,6 +7,7 @@ program (workers.py).
 """
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,18 +40,44 @@ def display_path(path: Path) -> str:
 
 def run(paths: list[str], selection: Selection, *, exclude: list[str], jobs: int, todo: bool, write: bool) -> RunResult:
     files = discover(paths, exclude)
-    jobs_to_do, unreadable = [], []
+    jobs_to_do, unreadable, others = [], [], {}
     for path, data in read_each(files, unreadable, display_path):
         if is_generated(data) or not worth_parsing(data, selection):
+            others[display_path(path)] = path
             continue
         jobs_to_do.append((display_path(path), data))
     jobs_to_do.sort(key=lambda job: len(job[1]), reverse=True)
 
-    results = sorted(rewrite_files(jobs_to_do, selection, todo, jobs) + unreadable, key=lambda r: r.path)
+    sources = ProgramSources(dict(jobs_to_do), others)
+    results = sorted(rewrite_files(jobs_to_do, selection, todo, jobs, sources) + unreadable, key=lambda r: r.path)
 
     if write:
         write_changed(results)
     return RunResult(scanned=len(files), results=results)
+
+
+class ProgramSources(Mapping):
+    """Every file of the program by shown path: the parsed ones held, the others read again when the program
+    model asks (which functions the program names, which file a called function lives in): a tree's bytes are
+    not kept for the few it needs."""
+
+    def __init__(self, parsed: dict[str, bytes], others: dict[str, Path]) -> None:
+        self._parsed, self._others = parsed, others
+
+    def __getitem__(self, shown: str) -> bytes:
+        if shown in self._parsed:
+            return self._parsed[shown]
+        try:
+            return self._others[shown].read_bytes()
+        except OSError:
+            return b""  # gone since: it names nothing
+
+    def __iter__(self):
+        yield from self._parsed
+        yield from self._others
+
+    def __len__(self) -> int:
+        return len(self._parsed) + len(self._others)
 
 
 def default_jobs() -> int:

@@ -13,23 +13,28 @@ forever.
 """
 
 import os
+from collections.abc import Mapping
 import signal
 from multiprocessing import get_context
 
 from migrate_fsdp.rewrite.analysis.program import decide
 from migrate_fsdp.lifeline import die_with_parent
-from migrate_fsdp.rewrite.api import ParsedFile, RewriteResult, rewrite_program
+from migrate_fsdp.rewrite.api import ParsedFile, RewriteResult, left_unchanged, rewrite_program
 from migrate_fsdp.rewrite.diagnostics import Diagnostic
 from migrate_fsdp.rewrite.selection import INTERNAL_ERROR, Selection
 
 Job = tuple[str, bytes]  # shown path, contents
 
 
-def rewrite_files(jobs: list[Job], selection: Selection, todo: bool, workers: int) -> list[RewriteResult]:
-    """Rewrite `jobs` as one program, in `workers` processes (1: in this one)."""
+def rewrite_files(
+    jobs: list[Job], selection: Selection, todo: bool, workers: int, sources: Mapping[str, bytes] | None = None
+) -> list[RewriteResult]:
+    """Rewrite `jobs` as one program, in `workers` processes (1: in this one); `sources`: every file of the
+    program (jobs and those not worth parsing), by shown path."""
     workers = max(1, min(workers, len(jobs)))
+    sources = sources if sources is not None else dict(jobs)
     if workers == 1:
-        return rewrite_program([ParsedFile(data, path, selection, todo) for path, data in jobs])
+        return rewrite_program([ParsedFile(data, path, selection, todo) for path, data in jobs], sources)
     shares = _shares(jobs, workers)
     context = get_context("fork")
     pipes, processes = [], []
@@ -45,7 +50,10 @@ def rewrite_files(jobs: list[Job], selection: Selection, todo: bool, workers: in
         first = {}
         for pipe, share in zip(pipes, shares):
             first.update(_receive(pipe, share))
-        verdicts = decide([facts for _, facts in first.values() if facts is not None], dict(jobs))
+        try:
+            verdicts = decide([facts for _, facts in first.values() if facts is not None], sources)
+        except Exception as error:  # a bug of ours in joining the files' facts: nothing is converted
+            return [left_unchanged(first[path][0], error) for path, _ in jobs]
         for pipe, share in zip(pipes, shares):
             pipe.send({path: verdicts[path] for path, _ in share if path in verdicts})
         results = {path: result for path, (result, _) in first.items()}

@@ -177,3 +177,22 @@ def test_stale_temporaries_of_killed_runs_are_removed_on_the_next_write(tmp_path
     done = migrate(tmp_path)
     assert done.returncode == 0, done.stderr
     assert not stale.exists() and live.exists()
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_bug_in_joining_the_program_leaves_every_file_unchanged(tmp_path, monkeypatch, jobs):
+    import migrate_fsdp.rewrite.api as api
+    import migrate_fsdp.rewrite.workers as workers
+
+    def broken(*args):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(api, "decide", broken)
+    monkeypatch.setattr(workers, "decide", broken)
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text(FSDP1_HEADER)
+    monkeypatch.chdir(tmp_path)
+    result = run(["."], Selection.from_prefixes(None, None), exclude=[], jobs=jobs, todo=True, write=True)
+    assert not result.changed
+    assert [(d.path, d.code) for d in result.diagnostics] == [("a.py", "MF002"), ("b.py", "MF002")]
+    assert all((tmp_path / name).read_text() == FSDP1_HEADER for name in ("a.py", "b.py"))

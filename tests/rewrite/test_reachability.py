@@ -1,4 +1,7 @@
-"""A function no code of the program names holds no model back; one named anywhere, or reachable unnamed, does."""
+"""A function no code of the program names holds no model back; one named anywhere, or reachable unnamed, does.
+
+The model here also goes to a library out of the program's sight, which may call any function of the program
+that it can reach: one the program never names it cannot."""
 
 import pytest
 
@@ -9,11 +12,13 @@ TRAIN = b'''import torch
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from pkg.ckpt import save
+from trainer_library import Trainer
 
 
 def main(module):
     model = FSDP(module, device_id=torch.device("cpu"))
     save(model)
+    Trainer(model).fit()  # out of the program's sight: it may call any function of the program
 '''
 
 CKPT = b'''import torch

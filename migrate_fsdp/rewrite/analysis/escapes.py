@@ -11,6 +11,8 @@ the same file is followed into, and its FSDP1 code on the model goes with the
 constructor.
 """
 
+from dataclasses import dataclass
+
 import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.models import assignments_of
@@ -25,19 +27,40 @@ class Escape(Exception):
     """The model may reach code out of this file's sight."""
 
 
-def escapes(ctx, call: cst.Call, stack) -> frozenset[str] | None:
+@dataclass(frozen=True)
+class Remote:
+    """A call handing the model to a function another module defines, by position or keyword."""
+
+    function: str  # qualified name, as the caller imports it (`pkg.loop.train`)
+    index: int | None
+    keyword: str | None
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Where a model goes beyond the function building it: functions of this file, functions of other modules."""
+
+    callees: frozenset = frozenset()
+    remotes: frozenset = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.callees or self.remotes)
+
+
+def escapes(ctx, call: cst.Call, stack) -> Reach | None:
     """Where the value of `call` (at `stack`, from the module down) goes beyond the function building it.
 
-    None: it may be seen by code out of this file's sight. Otherwise the
-    names of the functions of this file it is handed to (they see it as a
-    parameter, and their FSDP1 code must convert with the constructor).
+    None: it may be seen by code out of the program's sight. Otherwise the
+    functions it is handed to (they see it as a parameter, and their FSDP1
+    code must convert with the constructor): of this file by name, of other
+    modules as `Remote` calls that the program resolves (remote_calls.py).
     """
     parents = [n for n in stack if n is not call]
     if not parents:
         return None
     statement = parents[-1]
     if isinstance(statement, cst.Expr):
-        return frozenset()  # `FSDP(m)` as a statement: only the module object `m` lives on, seen where `m` is
+        return Reach()  # `FSDP(m)` as a statement: only the module object `m` lives on, seen where `m` is
     if not (isinstance(statement, cst.Assign) and statement.value is call and len(statement.targets) == 1):
         return None  # returned, passed on, stored in a container, bound twice
     target = statement.targets[0].target
@@ -47,14 +70,33 @@ def escapes(ctx, call: cst.Call, stack) -> frozenset[str] | None:
     if function is None:
         return None  # a module-level model can be imported by any file
     callees: set[str] = set()
+    remotes: set[Remote] = set()
     try:
-        _follow(ctx, function, target, callees, seen=set())
+        _follow(ctx, function, target, callees, seen=set(), remotes=remotes)
     except Escape:
         return None
-    return frozenset(callees)
+    return Reach(frozenset(callees), frozenset(remotes))
 
 
-def _follow(ctx, function: cst.FunctionDef, name: cst.Name, callees: set[str], seen: set[int]) -> None:
+def parameter_reach(ctx, function: cst.FunctionDef, index: int | None, keyword: str | None) -> Reach | None:
+    """Where a model handed to `function` (by position `index` or `keyword`) goes in this file; None: out of sight."""
+    params = function.params
+    positional = (*params.posonly_params, *params.params)
+    if keyword is not None:
+        found = [p for p in (*positional, *params.kwonly_params) if p.name.value == keyword]
+    else:
+        found = [positional[index]] if index is not None and index < len(positional) else []
+    if not found:
+        return None
+    callees: set[str] = {function.name.value}
+    try:
+        _follow(ctx, function, found[0].name, callees, seen=set(), remotes=None)
+    except Escape:
+        return None
+    return Reach(frozenset(callees))
+
+
+def _follow(ctx, function: cst.FunctionDef, name: cst.Name, callees: set[str], seen: set[int], remotes) -> None:
     """Every read of `name` (bound in `function`) in that function keeps the model in sight, or raises Escape."""
     assignment = next(
         (a for a in assignments_of(ctx.scope(name), name.value) if a.node is name or getattr(a.node, "name", None) is name),
@@ -63,13 +105,20 @@ def _follow(ctx, function: cst.FunctionDef, name: cst.Name, callees: set[str], s
     if assignment is None:
         raise Escape
     references = {id(access.node) for access in assignment.references}
-    for node, ancestors in walk(function.body):
-        if id(node) in references:
-            _read(ctx, node, ancestors, callees, seen)
+    reads = [(node, ancestors) for node, ancestors in walk(function.body) if id(node) in references or node is name]
+    bound = next((i for i, (node, _) in enumerate(reads) if node is name), 0)  # a parameter: bound before all
+    loops = {id(n) for n in (reads[bound][1] if reads and reads[bound][0] is name else ()) if isinstance(n, (cst.For, cst.While))}
+    for index, (node, ancestors) in enumerate(reads):
+        if node is name:
+            continue
+        if index < bound and not any(id(n) in loops for n in ancestors):
+            continue  # read before the binding, and not again after it in a loop: an earlier value (scopes ignore order)
+        _read(ctx, node, ancestors, callees, seen, remotes)
 
 
-def _read(ctx, name: cst.Name, ancestors, callees: set[str], seen: set[int]) -> None:
-    """This read of the model keeps it in sight (`model(x)`, `model.parameters()`, a function of this file), or raises Escape."""
+def _read(ctx, name: cst.Name, ancestors, callees: set[str], seen: set[int], remotes) -> None:
+    """This read of the model keeps it in sight (`model(x)`, `model.parameters()`, a function of this file), or
+    raises Escape. `remotes`: where calls into other modules are collected; None: such a call is out of sight."""
     parent = ancestors[-1] if ancestors else None
     if isinstance(parent, cst.Attribute) and parent.value is name:
         return
@@ -80,16 +129,33 @@ def _read(ctx, name: cst.Name, ancestors, callees: set[str], seen: set[int]) -> 
         if _cannot_hold_user_code(ctx, call.func):
             return
         callee = _local_function(ctx, call.func)
+        if callee is None and remotes is not None:
+            remotes.add(_remote(ctx, call, parent))
+            return
         parameter = _parameter(callee, call, parent) if callee is not None else None
         if parameter is None:
             raise Escape
         callees.add(callee.name.value)
         if id(parameter) not in seen:
             seen.add(id(parameter))
-            _follow(ctx, callee, parameter, callees, seen)
+            _follow(ctx, callee, parameter, callees, seen, remotes)
         return
     if not isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.If, cst.BooleanOperation, cst.UnaryOperation)):
         raise Escape
+
+
+def _remote(ctx, call: cst.Call, arg: cst.Arg) -> Remote:
+    """The call of a function another module defines that `arg` hands the model to; Escape when it is not one."""
+    names = ctx.qualified_names(call.func)
+    if len(names) != 1 or arg.star:
+        raise Escape
+    (name,) = names
+    if "." not in name.lstrip(".") or name.startswith(("builtins.", "torch.")):
+        raise Escape  # a name of this module's own (a class, a variable) or a builtin
+    index = call.args.index(arg)
+    if arg.keyword is None and any(a.star or a.keyword is not None for a in call.args[:index]):
+        raise Escape
+    return Remote(name, None if arg.keyword is not None else index, arg.keyword.value if arg.keyword is not None else None)
 
 
 def _local_function(ctx, func) -> cst.FunctionDef | None:

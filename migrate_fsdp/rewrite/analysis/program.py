@@ -22,6 +22,7 @@ wrong, so the rewrite runs in two steps:
 """
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import libcst as cst
@@ -29,6 +30,7 @@ import libcst as cst
 from migrate_fsdp.rewrite.analysis.escapes import escapes
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
+from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
 from migrate_fsdp.rewrite.syntax import dotted, import_aliases, walk
 
@@ -45,6 +47,7 @@ class Use:
     ties: frozenset  # positions of the file's constructors whose model reaches the use
     untied: bool
     function: str = ""  # the innermost function holding the use
+    sites: frozenset = frozenset()  # (path, Position) of every constructor of the program reaching it (decide fills it)
 
 
 @dataclass
@@ -54,6 +57,7 @@ class FileFacts:
     places: dict = field(default_factory=dict)  # constructor Position -> the function holding it, for messages
     escaping: set = field(default_factory=set)  # constructors whose model may reach code out of the file's sight
     callees: dict = field(default_factory=dict)  # constructor Position -> functions of the file it is handed to
+    remotes: dict = field(default_factory=dict)  # constructor Position -> calls handing it to other modules (escapes.Remote)
     declared: Counter | None = None  # function name -> occurrences that are not uses (reachability.py); None: not parsed
     uses: dict = field(default_factory=dict)  # (Position, code) -> Use
     staying: dict = field(default_factory=dict)  # (Position, code) -> Use a rule could not convert: it stays FSDP1
@@ -74,12 +78,13 @@ class Verdict:
     blocked: dict = field(default_factory=dict)  # constructor Position -> why it stays FSDP1
     denied: dict = field(default_factory=dict)  # (Position, code) -> Denial
     builds_fsdp1: bool = False  # another file of the program uses torch's FSDP1
+    assumed: bool = False  # the first rewrite assumed the program builds FSDP1 models; it builds none
 
     def __bool__(self) -> bool:
-        return bool(self.blocked or self.denied or self.builds_fsdp1)
+        return bool(self.blocked or self.denied or self.builds_fsdp1 or self.assumed)
 
 
-def decide(facts: list[FileFacts], sources: dict[str, bytes] | None = None) -> dict[str, Verdict]:
+def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -> dict[str, Verdict]:
     """The verdict for every file whose first rewrite must be redone (others are final).
 
     `sources`: the bytes of every file of the program (also those not parsed), to find functions it never names.
@@ -97,28 +102,24 @@ def decide(facts: list[FileFacts], sources: dict[str, bytes] | None = None) -> d
             site = parent[site]
         return site
 
-    for file in facts:  # a use in a function a model is handed to is a use of that model
-        for position, callees in file.callees.items():
-            for table in (file.uses, file.staying):
-                for key, use in table.items():
-                    if use.function in callees:
-                        table[key] = replace(use, ties=use.ties | {position})
+    _tie_handed_on(facts, sources or {})
     for file in facts:
         for use in file.uses.values():
-            sites = sorted((file.path, position) for position in use.ties)
+            sites = sorted(use.sites)
             for other in sites[1:]:
                 parent[find(other)] = find(sites[0])
-    kept = {(f.path, p) for f in facts for p, converts in f.constructors.items() if not converts}
+    converts = {(f.path, p): c for f in facts for p, c in f.constructors.items()}
+    kept = {site for site, c in converts.items() if not c}
     held = {}  # a constructor that could convert but has a use that stays FSDP1 -> that use's file
     for file in facts:
         for use in file.staying.values():
-            for position in use.ties:
-                held.setdefault((file.path, position), file.path)
-    loose = {u.function for f in facts for u in (*f.uses.values(), *f.staying.values()) if u.untied and not u.ties}
+            for site in use.sites:
+                held.setdefault(site, file.path)
+    loose = {u.function for f in facts for u in (*f.uses.values(), *f.staying.values()) if u.untied and not u.sites}
     dead = unnamed(loose, {f.path: f.declared for f in facts}, sources) if sources else set()
 
     def reachable(use) -> bool:  # a use in a function nobody calls meets no model of the program
-        return use.untied and (use.ties or use.function not in dead)
+        return use.untied and (use.sites or use.function not in dead)
 
     untied = sorted(f.path for f in facts for use in f.uses.values() if reachable(use))
     untied_staying = sorted(f.path for f in facts for use in f.staying.values() if reachable(use))
@@ -130,9 +131,9 @@ def decide(facts: list[FileFacts], sources: dict[str, bytes] | None = None) -> d
     if kept or held or escaping:  # an untied use is then denied: the models tied to it stay with it
         for file in facts:
             for use in file.uses.values():
-                for position in use.ties if use.untied else ():
-                    if file.constructors.get(position) and (file.path, position) not in escaping:
-                        held.setdefault((file.path, position), file.path)
+                for site in use.sites if use.untied else ():
+                    if converts.get(site) and site not in escaping:
+                        held.setdefault(site, file.path)
     kept_for_uses = set(held) | set(escaping)
     cause = {}  # component root -> the first constructor in it that cannot convert
     for site in sorted(kept | kept_for_uses):
@@ -141,7 +142,7 @@ def decide(facts: list[FileFacts], sources: dict[str, bytes] | None = None) -> d
     first_kept = min(kept or kept_for_uses) if kept or kept_for_uses else None  # a root cause first
     builds_fsdp1 = any(f.imports_fsdp1 or f.constructors for f in facts)
     for file in facts:
-        verdict = Verdict(builds_fsdp1=builds_fsdp1 and file.asked_about_fsdp1)
+        verdict = Verdict(builds_fsdp1=builds_fsdp1 and file.asked_about_fsdp1, assumed=file.asked_about_fsdp1 and not builds_fsdp1)
         for position, converts in file.constructors.items():
             site = (file.path, position)
             blocker = cause.get(find(site))
@@ -152,7 +153,10 @@ def decide(facts: list[FileFacts], sources: dict[str, bytes] | None = None) -> d
             elif converts and blocker is not None:
                 verdict.blocked[position] = f"stays FSDP1 with the FSDP(...) in {where(blocker)}, which shares its uses"
         for key, use in file.uses.items():
-            blockers = sorted(b for b in (cause.get(find((file.path, p))) for p in use.ties) if b is not None)
+            # A constructor that cannot convert first: the cause, rather than one it holds back.
+            blockers = sorted((b for b in (cause.get(find(site)) for site in use.sites) if b is not None), key=lambda b: (b not in kept, b))
+            if use.untied and first_kept is not None and not (blockers and blockers[0] in kept):
+                blockers = []  # held back only by this use itself: the cause is the model of unknown origin
             if blockers:
                 verdict.denied[key] = Denial(BLOCKED, f"blocked: the model's FSDP(...) in {where(blockers[0])} stays FSDP1")
             elif use.untied and first_kept is not None:
@@ -162,6 +166,35 @@ def decide(facts: list[FileFacts], sources: dict[str, bytes] | None = None) -> d
         if verdict:
             verdicts[file.path] = verdict
     return verdicts
+
+
+def _tie_handed_on(facts: list[FileFacts], sources: Mapping[str, bytes]) -> None:
+    """Every use's `sites`: the constructors of its file whose model reaches it, and those handing their model
+    to the function holding it, in the same file or from another module (whose call escapes otherwise)."""
+    by_path = {f.path: f for f in facts}
+    for file in facts:
+        for table in (file.uses, file.staying):
+            for key, use in table.items():
+                table[key] = replace(use, sites=frozenset((file.path, p) for p in use.ties))
+
+    def tie(path: str, functions, site) -> None:
+        target = by_path.get(path)
+        for table in (target.uses, target.staying) if target is not None else ():
+            for key, use in table.items():
+                if use.function in functions:
+                    table[key] = replace(use, sites=use.sites | {site})
+
+    remote_calls = RemoteCalls(sources)
+    for file in facts:
+        for position, callees in file.callees.items():
+            tie(file.path, callees, (file.path, position))
+        for position, remotes in file.remotes.items():
+            reached = [remote_calls.reach(file.path, remote) for remote in sorted(remotes, key=repr)]
+            if any(r is None for r in reached):
+                file.escaping.add(position)
+                continue
+            for path, reach in reached:
+                tie(path, reach.callees, (file.path, position))
 
 
 class Gate:
@@ -182,12 +215,14 @@ class Gate:
         self.facts.constructors[position] = converts
         function = next((n for n in reversed(stack) if isinstance(n, (cst.FunctionDef, cst.ClassDef))), None)
         self.facts.places[position] = f"{function.name.value}()" if isinstance(function, cst.FunctionDef) else ""
-        if converts:
-            callees = escapes(self.ctx, node, stack)
-            if callees is None:
+        if self.verdict is None:  # a constructor that stays also ties its model's uses to it: they are blocked by it
+            reach = escapes(self.ctx, node, stack)
+            if reach is None:
                 self.facts.escaping.add(position)
-            elif callees:
-                self.facts.callees[position] = callees
+            elif reach.callees:
+                self.facts.callees[position] = reach.callees
+            if reach and reach.remotes:
+                self.facts.remotes[position] = reach.remotes
         if not converts or self.verdict is None:
             return None
         return self.verdict.blocked.get(position)
@@ -199,8 +234,10 @@ class Gate:
             return True
         if self.verdict is not None:
             return self.verdict.builds_fsdp1
+        # The first rewrite assumes it does, so that what it records holds models back; a program that
+        # builds none has the file rewritten again (Verdict.assumed).
         self.facts.asked_about_fsdp1 = True
-        return False
+        return True
 
     def stays(self, node, code: str, stack, unsure: bool = False) -> None:
         """Record that a rule leaves the FSDP1 use `node` as it is: the models that reach it stay FSDP1 with it.

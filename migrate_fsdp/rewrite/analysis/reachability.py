@@ -18,6 +18,7 @@ with a base class (framework hooks such as `on_save_checkpoint`).
 """
 
 import re
+from collections.abc import Mapping
 from collections import Counter
 
 import libcst as cst
@@ -38,25 +39,26 @@ def declarations(module: cst.Module) -> Counter:
     return found
 
 
-def unnamed(functions: set[str], declared: dict[str, Counter | None], sources: dict[str, bytes]) -> set[str]:
+def unnamed(functions: set[str], declared: dict[str, Counter | None], sources: Mapping[str, bytes]) -> set[str]:
     """The names in `functions` that no file of the program uses.
 
     `declared`: path -> its declarations, None for a file the rewrite did not parse (it is parsed here only if it
     spells one of the names, as a package `__init__` re-exporting them does).
     """
-    declared = dict(declared)
     left = {name for name in functions if name}
-    for name in sorted(left):
-        word = re.compile(rb"\b" + re.escape(name.encode()) + rb"\b")
-        for path, data in sources.items():
-            found = len(word.findall(data))
-            if not found:
-                continue
-            if declared.get(path) is None:
-                declared[path] = _declarations_of(data)
-            if found > declared[path][name]:
-                left.discard(name)
-                break
+    if not left:
+        return left
+    word = re.compile(rb"\b(" + b"|".join(re.escape(name.encode()) for name in sorted(left)) + rb")\b")
+    for path, data in sources.items():  # each file read once, whatever the number of names
+        found = Counter(match.decode() for match in word.findall(data))
+        if not found:
+            continue
+        own = declared.get(path)
+        if own is None:
+            own = _declarations_of(data)
+        left -= {name for name, count in found.items() if count > own[name]}
+        if not left:
+            break
     return left
 
 

@@ -1,0 +1,93 @@
+"""A model handed to a function of another module of the program: which file, which function, where it goes there.
+
+`train(model, ...)` imported from `utils/train_utils.py` is the usual way a
+training script hands its model on. Within one file escapes.py follows it;
+across files the program resolves the call here, once every file is read:
+the module the caller imports the function from is looked up among the
+program's files (relative imports from the caller's package, absolute ones
+by their path's tail, the caller's own directory first, as `python
+script.py` puts it on sys.path), and the function's parameter is followed
+in that file as escapes.py follows a local one. Anything not found for sure
+(a module outside the program, two candidates, a class, a re-export) is out
+of sight, as before.
+"""
+
+import os
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper
+
+from migrate_fsdp.rewrite.analysis.escapes import Reach, Remote, parameter_reach
+
+
+class RemoteCalls:
+    """Resolves `Remote` calls against the program's files, parsing a callee's file at most once."""
+
+    def __init__(self, sources: Mapping[str, bytes]) -> None:
+        self.sources = sources
+        self._paths = {_normal(path): path for path in sources}
+        self._contexts: dict[str, object] = {}
+        self._reached: dict[tuple, Reach | None] = {}
+
+    def reach(self, caller: str, remote: Remote) -> tuple[str, Reach] | None:
+        """(the callee's file, where the model goes there) or None when it is out of sight."""
+        found = self._resolve(caller, remote.function)
+        if found is None:
+            return None
+        path, name = found
+        key = (path, name, remote.index, remote.keyword)
+        if key not in self._reached:
+            self._reached[key] = self._follow(path, name, remote)
+        reach = self._reached[key]
+        return None if reach is None else (path, reach)
+
+    def _resolve(self, caller: str, qualified: str) -> tuple[str, str] | None:
+        module, _, name = qualified.rpartition(".")
+        here = PurePosixPath(_normal(caller)).parent
+        if module.startswith("."):
+            level = len(module) - len(module.lstrip("."))
+            base = here
+            for _ in range(level - 1):
+                base = base.parent
+            rest = module.lstrip(".")
+            stem = base.joinpath(*rest.split(".")) if rest else base
+            candidates = [p for p in (f"{stem}.py", f"{stem}/__init__.py") if _normal(p) in self._paths]
+        else:
+            tails = (module.replace(".", "/") + ".py", module.replace(".", "/") + "/__init__.py")
+            candidates = [p for p in self._paths if any(p == t or p.endswith("/" + t) for t in tails)]
+            if len(candidates) > 1:  # the caller's directory first, as sys.path[0] of a script
+                near = [p for p in candidates if PurePosixPath(p).parent == here]
+                candidates = near or candidates
+        if len(candidates) != 1:
+            return None
+        return self._paths[_normal(candidates[0])], name
+
+    def _follow(self, path: str, name: str, remote: Remote) -> Reach | None:
+        ctx = self._context(path)
+        if ctx is None:
+            return None
+        function = next(
+            (s for s in ctx.module.body if isinstance(s, cst.FunctionDef) and s.name.value == name and not s.decorators),
+            None,
+        )
+        if function is None:
+            return None
+        return parameter_reach(ctx, function, remote.index, remote.keyword)
+
+    def _context(self, path: str):
+        if path not in self._contexts:
+            from migrate_fsdp.rewrite.context import FileContext  # the engine's context, built only for callees
+
+            try:
+                module = cst.parse_module(self.sources[path])
+                text = self.sources[path].decode(module.encoding, errors="replace")
+                self._contexts[path] = FileContext(path, MetadataWrapper(module, unsafe_skip_copy=True), frozenset(), False, text)
+            except (cst.ParserSyntaxError, UnicodeDecodeError, RecursionError):
+                self._contexts[path] = None
+        return self._contexts[path]
+
+
+def _normal(path: str) -> str:
+    return PurePosixPath(os.path.normpath(path).replace(os.sep, "/")).as_posix()

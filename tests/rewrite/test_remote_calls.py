@@ -1,0 +1,89 @@
+"""A model handed to a function of another module: resolved to that file, followed there, tied to its FSDP1 code."""
+
+from migrate_fsdp.rewrite.analysis.escapes import Remote
+from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
+from migrate_fsdp.rewrite.api import ParsedFile, rewrite_program
+from migrate_fsdp.rewrite.selection import Selection
+
+TRAIN = b'''import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from pkg.loop import train_epoch
+
+
+def main(module, batches):
+    model = FSDP(module, device_id=torch.device("cpu"))
+    train_epoch(model, batches)
+'''
+
+LOOP = b'''def train_epoch(model, batches):
+    for batch in batches[:-1]:
+        with model.no_sync():
+            model(batch).sum().backward()
+    model(batches[-1]).sum().backward()
+    %s
+'''
+
+# A use nobody can trace that stays FSDP1: it holds back every model that may reach it.
+LEGACY = b'''from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import StateDictType
+
+
+def save_local(model):
+    with FSDP.state_dict_type(model, StateDictType.LOCAL_STATE_DICT):
+        return model.state_dict()
+'''
+
+CALLS_LEGACY = b"from pkg.legacy import save_local\n\nsave_local(object())\n"
+
+
+def _rewrite(files):
+    selection = Selection.from_prefixes(None, None)
+    results = rewrite_program([ParsedFile(data, path, selection, True) for path, data in files.items()])
+    return {r.path: r.new_source.decode() for r in results}
+
+
+def test_a_model_handed_to_another_module_converts_with_the_fsdp1_code_there():
+    loop = LOOP.replace(b"    for batch", b"    if cfg.enable_fsdp:\n        for batch").replace(b"\n        with", b"\n            with")
+    loop = loop.replace(b"\n            model(batch)", b"\n                model(batch)").replace(b"(model, batches)", b"(model, batches, cfg)")
+    train = TRAIN.replace(b"train_epoch(model, batches)", b"train_epoch(model, batches, cfg)").replace(b"batches):", b"batches, cfg):")
+    out = _rewrite({"pkg/train.py": train, "pkg/loop.py": loop % b"", "pkg/legacy.py": LEGACY, "run.py": CALLS_LEGACY})
+    assert "fully_shard(module" in out["pkg/train.py"]
+    assert "fsdp2_no_sync(model)" in out["pkg/loop.py"]
+
+
+def test_fsdp1_code_there_that_cannot_tell_its_model_holds_the_model_back():
+    """`model.no_sync()` on a parameter nothing says is FSDP's (DDP has it too) stays, and so does the model."""
+    out = _rewrite({"pkg/train.py": TRAIN, "pkg/loop.py": LOOP % b""})
+    assert "fully_shard" not in out["pkg/train.py"]
+    assert "model.no_sync()" in out["pkg/loop.py"]
+
+
+def test_a_model_the_other_module_hands_on_out_of_sight_stays():
+    loop = LOOP % b"external.register(model)"
+    files = {"pkg/train.py": TRAIN, "pkg/loop.py": b"import external\n" + loop, "pkg/legacy.py": LEGACY, "run.py": CALLS_LEGACY}
+    out = _rewrite(files)
+    assert "FSDP(module" in out["pkg/train.py"] and "fully_shard" not in out["pkg/train.py"]
+    assert "model.no_sync()" in out["pkg/loop.py"]
+
+
+def test_a_function_that_stays_fsdp1_there_holds_the_model_back():
+    loop = LOOP.replace(b"def train_epoch", LEGACY.split(b"\n\n\n")[1] + b"\n\n\ndef train_epoch") % b"save_local(model)"
+    files = {"pkg/train.py": TRAIN, "pkg/loop.py": LEGACY.split(b"\n\n\n")[0] + b"\n\n\n" + loop}
+    out = _rewrite(files)
+    assert "fully_shard" not in out["pkg/train.py"]
+
+
+def test_resolution_prefers_the_callers_directory_and_follows_relative_imports():
+    sources = {
+        "a/fp8_utils.py": b"def evaluate(model):\n    return model(1)\n",
+        "b/fp8_utils.py": b"def evaluate(model):\n    return model(1)\n",
+        "b/pkg/__init__.py": b"",
+        "b/pkg/steps.py": b"def step(model):\n    model.helper(model)\n",
+    }
+    calls = RemoteCalls(sources)
+    assert calls.reach("b/fsdp.py", Remote("fp8_utils.evaluate", 0, None))[0] == "b/fp8_utils.py"
+    assert calls.reach("c/fsdp.py", Remote("fp8_utils.evaluate", 0, None)) is None  # two candidates, neither nearer
+    assert calls.reach("b/pkg/train.py", Remote(".steps.step", 0, None)) is None  # handed on to a method: out of sight
+    assert calls.reach("b/pkg/train.py", Remote(".steps.step", None, "model")) is None
+    assert calls.reach("b/pkg/train.py", Remote(".missing.step", 0, None)) is None
