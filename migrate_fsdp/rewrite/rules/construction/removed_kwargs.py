@@ -35,6 +35,10 @@ class RemovedKwargs(KeywordRule):
                 plan.device = argument.value
         elif argument.name == "backward_prefetch":
             self._backward_prefetch(argument, plan)
+        else:  # dropped: a variable only this call read goes with it (`use_orig_params = True` / `else: ... False`)
+            _, definition = self.analysis.follow(argument.value, plan)
+            if definition is None:
+                plan.definitions.extend(self.analysis.assigned_on_branches(argument.value, plan) or ())
 
     def _backward_prefetch(self, argument, plan) -> None:
         value, _ = self.analysis.follow(argument.value, plan)
