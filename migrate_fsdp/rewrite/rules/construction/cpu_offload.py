@@ -7,8 +7,11 @@ host memory by default, which needs an accelerator, so the rewrite writes
 and still runnable on CPU. A choice made at run time (`CPUOffload(...) if
 cfg.offload else None`, `CPUOffload(offload_params=cfg.offload)`) stays one:
 `CPUOffloadPolicy(...) if cfg.offload else OffloadPolicy()`, the latter being
-FSDP2's default (no offloading). `True` itself (which FSDP1 rejects) is
-reported.
+FSDP2's default (no offloading). A CPUOffload object known only at run time
+(a parameter, a config attribute, a variable also used elsewhere) is read
+where the call runs: `CPUOffloadPolicy(...) if offload is not None and
+offload.offload_params else OffloadPolicy()`. `True` itself (which FSDP1
+rejects) is reported.
 """
 
 import libcst as cst
@@ -16,6 +19,7 @@ import libcst as cst
 from migrate_fsdp.rewrite.rules.construction import choice
 from migrate_fsdp.rewrite.rules.construction.codegen import call, expression
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
+from migrate_fsdp.rewrite.syntax import dotted
 
 CPU_OFFLOAD = "torch.distributed.fsdp.CPUOffload"
 
@@ -68,6 +72,10 @@ class CpuOffloadRule(KeywordRule):
                 "CPUOffload(offload_params=True), i.e. FSDP2's offload_policy=CPUOffloadPolicy()",
                 where,
             )
+        if dotted(value) and not self.analysis.fsdp1_references(value):
+            # A CPUOffload (or None) known only at run time: its public field decides, where the call runs.
+            code = self.ctx.code(value)
+            return choice.Choice(expression(f"{code} is not None and {code}.offload_params"), True, False)
         why = "is also used outside FSDP(...) calls" if self.analysis.shared_name(value) else "is known only at run time"
         raise Unconvertible(
             f"cpu_offload={shown} {why}; pass fully_shard "
