@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import call, expression, grouped, is_reevaluable, statements
+from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, expression, grouped, is_reevaluable, statements
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 
 WRAP = "torch.distributed.fsdp.wrap"
@@ -254,7 +254,7 @@ class AutoWrapPolicyRule(KeywordRule):
             runtime = policy.runtime
             if not is_reevaluable(runtime):
                 name = self.analysis.names.fresh(plan.site.node, policy.name, "auto_wrap_policy", "fsdp1_auto_wrap_policy")
-                prefix = statements(f"{name} = POLICY", POLICY=runtime)
+                prefix = [assign(name, runtime)]
                 runtime = cst.Name(name)
             kwargs = {}
             if skip is not None:

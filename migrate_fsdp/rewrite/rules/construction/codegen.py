@@ -63,8 +63,58 @@ def statements(template: str, **values) -> list[cst.BaseStatement]:
 
 
 def assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
-    """`name = value`, the value without the parentheses a template would give it (`x = a if c else b`)."""
-    return cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], value)])
+    """`name = value`, the value without the parentheses a template would give it (`x = a if c else b`).
+
+    A value the user wrote over several lines inside an argument list, moved here, keeps the indentation of
+    its old place; it is written on one line when that is short and loses no comment.
+    """
+    return cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], _one_line(value))])
+
+
+_ONE_LINE_WIDTH = 120
+
+
+def _one_line(value: cst.BaseExpression) -> cst.BaseExpression:
+    code = cst.Module([]).code_for_node(value)
+    if "\n" not in code or "#" in code or '"""' in code or "'''" in code:
+        return value
+    flat = value.visit(_OneLine())
+    if flat.lpar and not isinstance(flat, cst.Tuple):
+        flat = flat.with_changes(lpar=[], rpar=[])
+    return flat if len(cst.Module([]).code_for_node(flat)) <= _ONE_LINE_WIDTH else value
+
+
+class _OneLine(cst.CSTTransformer):
+    """Every line break inside brackets becomes a space (none after an opening or before a closing one)."""
+
+    def leave_ParenthesizedWhitespace(self, original, updated):
+        return _SPACE
+
+    def _inner(self, updated, attribute):
+        return updated.with_changes(**{attribute: _NO_SPACE})
+
+    def leave_LeftParen(self, original, updated):
+        return self._inner(updated, "whitespace_after")
+
+    def leave_LeftBracket(self, original, updated):
+        return self._inner(updated, "whitespace_after")
+
+    def leave_LeftCurlyBrace(self, original, updated):
+        return self._inner(updated, "whitespace_after")
+
+    def leave_RightParen(self, original, updated):
+        return self._inner(updated, "whitespace_before")
+
+    def leave_RightBracket(self, original, updated):
+        return self._inner(updated, "whitespace_before")
+
+    def leave_RightCurlyBrace(self, original, updated):
+        return self._inner(updated, "whitespace_before")
+
+    def leave_Call(self, original, updated):
+        if updated.args and isinstance(updated.args[-1].comma, cst.Comma):  # `f(a, b,)` over lines: no trailing comma
+            updated = updated.with_changes(args=[*updated.args[:-1], updated.args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+        return updated
 
 
 def keyword(name: str, value, comma=cst.MaybeSentinel.DEFAULT) -> cst.Arg:
