@@ -2,7 +2,9 @@
 
 A project that supports both versions dispatches on them: an `if` whose test
 names FSDP2 (`isinstance(m, FSDPModule)`) or a torch version while its
-branches hold FSDP1 code, a tuple naming both classes, a function kept for
+branches hold FSDP1 code, an if/elif chain with an FSDP1 branch and an FSDP2
+one (`if strategy == "fsdp": FSDP(...)` / `elif strategy == "fsdp2":
+fully_shard(...)`), a tuple naming both classes, a function kept for
 FSDP1 beside its FSDP2 twin (`save_fsdp1` next to `save_fsdp2`). Rewriting
 the FSDP1 side there turns both branches into FSDP2 code and breaks the
 FSDP1 one (or makes it dead), so such a region is left as it is and
@@ -23,6 +25,7 @@ _VERSION_TEST = re.compile(
     re.IGNORECASE,
 )
 _FSDP2_SPELLED = re.compile(r"FSDPModule|fully_shard|MixedPrecisionPolicy|OffloadPolicy|register_fsdp_forward_method")
+_FSDP2_WORD = re.compile(r"fully_shard|FSDPModule|MixedPrecisionPolicy|CPUOffloadPolicy|OffloadPolicy")
 _FSDP1_NAMED = re.compile(r"fsdp_?1", re.IGNORECASE)
 _FSDP2_NAMED = re.compile(r"fsdp_?2", re.IGNORECASE)
 
@@ -53,6 +56,17 @@ class DualVersionRegions:
                 one = one or any(is_fsdp1(n) for n in names)
                 two = two or any(is_fsdp2(n) for n in names)
         return one, two
+
+    def _branch_versions(self, body) -> tuple[bool, bool]:
+        """`_versions`, where FSDP2 may also be spelt through a project's own re-export or wrapper
+        (`from myproject.utils import fully_shard`, `apply_fsdp2(model)`)."""
+        one, two = self._versions(body)
+        if not two:
+            two = any(
+                isinstance(child, cst.Name) and (_FSDP2_WORD.fullmatch(child.value) or _FSDP2_NAMED.search(child.value))
+                for child, _ in walk(body)
+            )
+        return one, bool(two)
 
     def _find(self) -> dict[int, str]:
         regions: dict[int, str] = {}
@@ -90,15 +104,21 @@ class DualVersionRegions:
 
     def _dispatching_if(self, node: cst.If) -> str | None:
         """An if/elif chain with a test on FSDP2 or the torch version and FSDP1 code in it."""
-        tests = []
+        tests, bodies = [], []
         clause = node
         while isinstance(clause, cst.If):
             tests.append(clause.test)
+            bodies.append(clause.body)
             clause = clause.orelse
+        if clause is not None:
+            bodies.append(clause.body)
         if any(self._versions(test)[1] for test in tests):
             return "tests for FSDP2"
         if any(_VERSION_TEST.search(self.ctx.code(test)) for test in tests):
             return "tests the torch version"
+        versions = [self._branch_versions(body) for body in bodies]
+        if any(one and not two for one, two in versions) and any(two and not one for one, two in versions):
+            return "picks FSDP1 or FSDP2 by a setting"  # `if strategy == "fsdp": FSDP(...) elif ... "fsdp2": fully_shard(...)`
         return None
 
 
