@@ -55,18 +55,32 @@ def unnamed(functions: set[str], declared: dict[str, Counter | None], sources: M
             continue
         own = declared.get(path)
         if own is None:
-            own = _declarations_of(data)
+            own = _declared_in_text(data)
         left -= {name for name, count in found.items() if count > own[name]}
         if not left:
             break
     return left
 
 
-def _declarations_of(data: bytes) -> Counter:
-    try:
-        return declarations(cst.parse_module(data))
-    except (cst.ParserSyntaxError, UnicodeDecodeError, RecursionError):
-        return Counter()  # every occurrence counts as a use
+_IMPORTED = re.compile(rb"^[ \t]*from[ \t]+[\w.]+[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)", re.MULTILINE)
+_ALL = re.compile(rb"^__all__[ \t]*\+?=[ \t]*[\[(]([^\])]*)[\])]", re.MULTILINE)
+_DEFINED = re.compile(rb"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)", re.MULTILINE)
+
+
+def _declared_in_text(data: bytes) -> Counter:
+    """`declarations` of a file the rewrite did not parse, read from its text (a package `__init__` re-exporting
+    functions): `def name`, unaliased `from ... import name` and `__all__` entries. What the text hides counts
+    as a use, the safe side: parsing every file that spells a common name would cost seconds."""
+    found: Counter = Counter()
+    found.update(name.decode() for name in _DEFINED.findall(data))
+    for names in _IMPORTED.findall(data):
+        for part in names.strip(b"()").split(b","):
+            words = part.split()
+            if len(words) == 1:
+                found[words[0].decode()] += 1
+    for entries in _ALL.findall(data):
+        found.update(entry.strip().strip(b"\"'").decode() for entry in entries.split(b",") if entry.strip())
+    return found
 
 
 def _declare_block(body, found: Counter, in_based_class: bool) -> None:
