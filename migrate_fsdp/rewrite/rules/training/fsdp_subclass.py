@@ -7,11 +7,11 @@ What a subclass overrides (forward, state-dict hooks, extra attributes)
 must move onto the module class, or into a function run around
 `fully_shard`; no mechanical rewrite can choose, so the base is reported.
 
-The other rules treat instances of such a class as FSDP1 models and move
-their uses to FSDP2 (`fsdp2_no_sync(m)`, `clip_grad_norm_(m.parameters())`),
-which is right once the class is gone; until then each `Sub(module)` still
-builds an FSDP1 wrapper those calls do not work on. So every place that
-builds one is reported too: that is where `fully_shard` goes.
+Each `Sub(module)` builds an FSDP1 wrapper, so it is an FSDP1 constructor
+that stays: every place that builds one is reported (that is where
+`fully_shard` goes once the overrides have moved), and the program model
+keeps its model's uses FSDP1 with it, as for any constructor that cannot
+convert (docs/rewrite.md, "One program").
 """
 
 import libcst as cst
@@ -41,12 +41,14 @@ class FsdpSubclass(TrainingRule):
             return
         assigned = assignments_of(self.ctx.scope(node.func), node.func.value)
         if any(isinstance(a.node, cst.ClassDef) and self._derives_from_fsdp(a.node) for a in assigned):
+            # An FSDP1 constructor that stays: the program keeps its model's uses FSDP1 too (analysis/program.py).
+            self.ctx.program.constructor(node, converts=False, stack=tuple(self.ctx.stack))
             self.ctx.report(
                 node,
                 self.code,
-                f"`{node.func.value}(...)` builds an FSDP1 wrapper (a subclass of it), while the rest of the file "
-                "now uses the result as an FSDP2 model: once the subclass's overrides are on the module class, "
-                "call `fully_shard` on the module here",
+                f"`{node.func.value}(...)` builds an FSDP1 wrapper (a subclass of it): it stays FSDP1, and so do its "
+                "model's uses; once the subclass's overrides are on the module class, call `fully_shard` on the "
+                "module here",
             )
 
     def _derives_from_fsdp(self, node: cst.ClassDef) -> bool:
