@@ -6,7 +6,9 @@ own surface (fully_sharded_data_parallel.py: `module`, `check_is_root`,
 `register_comm_hook`, `apply` with its full-parameter gathering, and the
 state it keeps in `_FSDPState`: `process_group`, `sharding_strategy`,
 `params`, `training_state`, ...) is gone. Each use on an FSDP1 model gets
-this code and the FSDP2 way to get the same thing. Attributes DDP or plain
+this code and the FSDP2 way to get the same thing; `model.module.<attribute
+of the user's class>` is the model's own under FSDP2 and is rewritten so
+(with its constructor). Attributes DDP or plain
 modules share (`module`, `apply`, `rank`) are only reported on receivers the
 file shows to be FSDP1 models; `check_is_root` only FSDP1 has, so it is
 reported on any receiver.
@@ -36,13 +38,18 @@ _ADVICE = {
     "apply": "FSDP1 gathered full parameters around `apply(fn)`; on FSDP2 `fn` sees sharded DTensors: initialise before `fully_shard`, or make `fn` work on DTensors",
 }
 _FSDP1_ONLY = frozenset({"check_is_root"})
+# nn.Module API whose answer differs between FSDP1's inner module and an FSDP2 model (full vs sharded, names).
+_MODULE_STATE_API = frozenset(
+    {"state_dict", "load_state_dict", "parameters", "buffers", "modules", "children", "apply", "forward",
+     "get_parameter", "get_buffer", "get_submodule", "to_empty"}
+)
 _CHANGED = frozenset({"apply"})  # nn.Module has it too, without FSDP1's gathering
 
 
 class WrapperAttributes(TrainingRule):
     code = "MF209"
     name = "wrapper-attributes"
-    summary = "FSDP1 wrapper attributes (module, process_group, sharding_strategy, ...) reported with FSDP2 advice"
+    summary = "model.module -> model; other FSDP1 wrapper attributes (process_group, sharding_strategy, ...) reported with FSDP2 advice"
     tokens = (*FSDP2_TOKENS, b"check_is_root")
 
     def leave_Attribute(self, original: cst.Attribute, updated):
@@ -54,8 +61,25 @@ class WrapperAttributes(TrainingRule):
             self.ctx.report(original, self.code, f"`FSDP.{name}` {what} in FSDP2; {_ADVICE[name]}")
             return updated
         kind = self.receiver_kind(original)
+        if name == "module" and kind is Kind.FSDP and self._reaches_the_users_own(original):
+            # FSDP1's root wrapped the module; fully_shard shards the module itself: `model.module.freeze()` is
+            # `model.freeze()`. What nn.Module enumerates or serialises (state_dict, parameters, ...) differs
+            # between the inner module and an FSDP2 model, so `model.module.state_dict()` stays reported.
+            return updated.value if self.fsdp2_ahead(original) else updated
         if kind is Kind.FSDP or (name in _FSDP1_ONLY and kind is Kind.UNKNOWN and self.ctx.program.may_build_fsdp1()):
             receiver = code_of(self.ctx, original.value)
             what = "works differently" if name in _CHANGED else "does not exist"
             self.ctx.report(original, self.code, f"`{receiver}.{name}` {what} on an FSDP2 model; {_ADVICE[name]}")
         return updated
+
+    def _reaches_the_users_own(self, node: cst.Attribute) -> bool:
+        """`node` (`model.module`) is read for an attribute of the user's own model class (`.freeze()`,
+        `.config`), not for nn.Module's enumeration or state API, and not assigned to."""
+        parent = self.ctx.stack[-2] if len(self.ctx.stack) >= 2 else None
+        if not (isinstance(parent, cst.Attribute) and parent.value is node):
+            return False
+        grand = self.ctx.stack[-3] if len(self.ctx.stack) >= 3 else None
+        if isinstance(grand, (cst.AssignTarget, cst.Del, cst.AugAssign, cst.AnnAssign)) and grand.target is parent:
+            return True  # `model.module.flag = x` sets the user's attribute on the model itself
+        attr = parent.attr.value
+        return attr not in _MODULE_STATE_API and not attr.startswith(("register_", "named_", "_"))
