@@ -72,6 +72,12 @@ def test_a_function_named_anywhere_holds_its_models_back(elsewhere):
     assert not _constructor_converts(files)
 
 
+def test_a_test_function_pytest_collects_holds_its_models_back():
+    ckpt = CKPT.replace(b"def load_local", b"def test_load_local")
+    files = {"pkg/__init__.py": b"", "pkg/train.py": TRAIN, "pkg/ckpt.py": ckpt % b""}
+    assert not _constructor_converts(files)
+
+
 @pytest.mark.parametrize(
     "decorator", [b"@register\n", b"class Hooks(Callback):\n    @staticmethod\n"], ids=["decorated", "method_of_a_based_class"]
 )

@@ -13,8 +13,9 @@ files not parsed because they name no FSDP1): any occurrence of the name as a
 word counts (in a comment, a string, an attribute of anything), except the
 `def` itself, an unaliased `from ... import name` and an `__all__` entry.
 Functions the program may reach without naming them never count as unnamed:
-decorated ones (registries, entry points), dunders, and methods of classes
-with a base class (framework hooks such as `on_save_checkpoint`).
+decorated ones (registries, entry points), dunders, pytest's `test*` and
+`pytest_*` functions, and methods of classes with a base class (framework
+hooks such as `on_save_checkpoint`).
 """
 
 import re
@@ -24,6 +25,7 @@ from collections import Counter
 import libcst as cst
 
 _UNDECORATED_OK = ("staticmethod", "classmethod")
+_COLLECTED = ("test", "pytest_")  # run by pytest without being named
 
 
 def declarations(module: cst.Module) -> Counter:
@@ -102,7 +104,7 @@ def _declare_block(body, found: Counter, in_based_class: bool) -> None:
 
 def _plain(function: cst.FunctionDef) -> bool:
     name = function.name.value
-    if name.startswith("__") and name.endswith("__"):
+    if name.startswith("__") and name.endswith("__") or name.startswith(_COLLECTED):
         return False
     return all(isinstance(d.decorator, cst.Name) and d.decorator.value in _UNDECORATED_OK for d in function.decorators)
 
