@@ -39,7 +39,10 @@ class RemoteCalls:
         path, name = found
         key = (path, name, remote.index, remote.keyword)
         if key not in self._reached:
-            self._reached[key] = self._follow(path, name, remote)
+            try:
+                self._reached[key] = self._follow(path, name, remote)
+            except Exception:  # a file our analysis cannot read (a bug of ours): the callee is out of sight, safely
+                self._reached[key] = None
         reach = self._reached[key]
         return None if reach is None else (path, reach)
 
@@ -84,8 +87,8 @@ class RemoteCalls:
                 module = cst.parse_module(self.sources[path])
                 text = self.sources[path].decode(module.encoding, errors="replace")
                 self._contexts[path] = FileContext(path, MetadataWrapper(module, unsafe_skip_copy=True), frozenset(), False, text)
-            except (cst.ParserSyntaxError, UnicodeDecodeError, RecursionError):
-                self._contexts[path] = None
+            except (cst.ParserSyntaxError, UnicodeDecodeError, RecursionError, MemoryError):
+                self._contexts[path] = None  # out of sight
         return self._contexts[path]
 
 
