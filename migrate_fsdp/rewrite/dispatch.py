@@ -12,6 +12,7 @@ from collections import defaultdict
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
 from migrate_fsdp.rewrite.analysis.program import DUAL_VERSION
 from migrate_fsdp.rewrite.context import _STATEMENT_TYPES, FileContext
 from migrate_fsdp.rewrite.diagnostics import is_todo
@@ -132,6 +133,10 @@ class Dispatcher(cst.CSTTransformer):
         for node, ancestor_ids in self._open_references.pop(id(statement), ()):
             if not self.ctx.is_covered(ancestor_ids):
                 name = sorted(self.ctx.fsdp1_names(node))[0]
+                if name == FSDP_CLASS:
+                    # The class itself, used in a way no rule reads (`FSDP1Module: TypeAlias = FSDP`, then
+                    # `FSDP1Module(module, ...)`): the program may build FSDP1 models through it, which stay.
+                    self.ctx.program.constructor(node, converts=False, stack=tuple(self.ctx.stack))
                 self.ctx.report(
                     node,
                     LEFTOVER_CODE,
