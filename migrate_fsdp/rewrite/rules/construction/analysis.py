@@ -28,12 +28,13 @@ class Analysis:
 
     # ----- fed by the read-only pass ------------------------------------------------------
 
-    def note_assign(self, node: cst.Assign) -> None:
+    def note_assign(self, node: cst.Assign | cst.AnnAssign) -> None:
         self.definitions.note(node)
         if self._inside_meta_device():
-            for target in node.targets:
-                if isinstance(target.target, cst.Name):
-                    self._on_meta.add(id(target.target))
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, cst.Name):
+                    self._on_meta.add(id(target))
 
     def note_statement(self, node) -> None:
         self.order[id(node)] = len(self.order)

@@ -120,13 +120,13 @@ class Definitions:
     def __init__(self, ctx, order: dict[int, int]) -> None:
         self.ctx = ctx
         self.order = order  # statement id -> position in the file
-        self._by_target: dict[int, tuple[cst.Assign, cst.SimpleStatementLine]] = {}
+        self._by_target: dict[int, tuple[cst.Assign | cst.AnnAssign, cst.SimpleStatementLine]] = {}
         self._blocks: dict[int, cst.CSTNode] = {}  # definition statement id -> its block
         self._fills: dict[int, Fill] = {}  # id(load of the dict's name) -> the fill
         self.calls: dict[int, int] = {}  # id(call) -> position of its statement
         self.logged: set[int] = set()  # ids of names passed as such to print(...) or a logger's method
 
-    def note(self, assign: cst.Assign) -> None:
+    def note(self, assign: cst.Assign | cst.AnnAssign) -> None:
         statement = self.ctx.statement()
         if isinstance(statement, cst.If):  # only `if cond: name["key"] = value`, on one line, without else
             alone = isinstance(statement.body, cst.SimpleStatementSuite) and len(statement.body.body) == 1
@@ -134,9 +134,9 @@ class Definitions:
                 return
         elif not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
             return
-        if len(assign.targets) != 1:
+        target = _single_target(assign)
+        if target is None:
             return
-        target = assign.targets[0].target
         stack = self.ctx.stack
         index = next(i for i in range(len(stack) - 1, -1, -1) if stack[i] is statement)
         block = stack[index - 1]
@@ -161,7 +161,7 @@ class Definitions:
         """Every `name = value` that is the only assignment of its name in its scope."""
         found = []
         for assign, _ in self._by_target.values():
-            definition = self.of(assign.targets[0].target)
+            definition = self.of(_single_target(assign))
             if definition is not None:
                 found.append(definition)
         return found
@@ -286,6 +286,13 @@ def _reevaluable(ctx, expression) -> bool:
         if isinstance(node, cst.Call) and not any(q.startswith(_BUILDERS) for q in ctx.qualified_names(node.func)):
             return False
     return True
+
+
+def _single_target(assign: cst.Assign | cst.AnnAssign) -> cst.BaseAssignTargetExpression | None:
+    """What `x = value` or `x: T = value` binds, when it binds one thing."""
+    if isinstance(assign, cst.AnnAssign):
+        return assign.target if assign.value is not None else None
+    return assign.targets[0].target if len(assign.targets) == 1 else None
 
 
 def _free_names(expression) -> list[cst.Name]:

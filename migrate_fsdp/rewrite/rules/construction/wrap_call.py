@@ -81,6 +81,9 @@ class WrapCall(Rule):
     def collect_Assign(self, node) -> None:
         self.analysis.note_assign(node)
 
+    def collect_AnnAssign(self, node) -> None:
+        self.analysis.note_assign(node)
+
     def collect_SimpleStatementLine(self, node) -> None:
         self.analysis.note_statement(node)
 
@@ -351,6 +354,9 @@ class WrapCall(Rule):
         return self._drop_target(original, updated)
 
     def leave_AnnAssign(self, original, updated):
+        plan, value = self._redefined.get(id(original.value), (None, None)) if original.value is not None else (None, None)
+        if plan is not None and not plan.problems:
+            return updated.with_changes(value=value)
         return self._drop_target(original, updated)
 
     def _drop_target(self, original, updated):
