@@ -32,7 +32,7 @@ class Side:
     script: Path
     args: list = field(default_factory=list)
     shown: str = ""  # how reports name it
-    watched: bool = True  # False: torchrun runs the script itself, without the probe (a set-up step)
+    watched: bool = True  # False: a set-up step, run without the probe (script_entry.py)
     env: dict = field(default_factory=dict)  # set for this side only (a control run's perturbation)
 
     def __post_init__(self):
@@ -89,7 +89,7 @@ class _Running:
         # A kept --logs directory may hold an earlier run's files; the probe appends to its metrics file.
         for stale in directory.glob("rank*.*"):
             stale.unlink()
-        entry = ["-m", "migrate_fsdp.verify.probe"] if side.watched else []
+        entry = ["-m", "migrate_fsdp.verify.probe" if side.watched else "migrate_fsdp.verify.script_entry"]
         command = [
             sys.executable, "-m", "torch.distributed.run", *launch.torchrun_flags(side.name),
             "--nproc-per-node", str(launch.nproc), *entry, str(side.script), *side.args,
