@@ -207,7 +207,7 @@ class Definitions:
             fills.append(fill)
         fills.sort(key=lambda fill: self.order[id(fill.statement)])  # a later item overrides an earlier one
         if self.shown(definition) and not all(
-            _reevaluable(self.ctx, value) for value in [definition.value, *(fill.value for fill in fills)]
+            _evaluable_twice(self.ctx, value) for value in [definition.value, *(fill.value for fill in fills)]
         ):
             return None
         for guard in {id(fill.guard): fill.guard for fill in fills if fill.guard is not None and fill.guard is not fill.statement}.values():
@@ -278,7 +278,7 @@ _LOG_METHODS = frozenset(("debug", "info", "warning", "warn", "error", "critical
 _BUILDERS = ("torch.distributed.fsdp.", "functools.partial", "builtins.set", "builtins.frozenset", "builtins.dict", "builtins.tuple")
 
 
-def _reevaluable(ctx, expression) -> bool:
+def _evaluable_twice(ctx, expression) -> bool:
     """Evaluating `expression` a second time gives the same value and does nothing else."""
     for node, _ in walk(expression):
         if isinstance(node, (cst.Await, cst.Yield, cst.NamedExpr)):
