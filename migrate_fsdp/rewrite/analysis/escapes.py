@@ -1,14 +1,16 @@
-"""Whether the model an FSDP(...) call builds can reach code this file does not show.
+"""Where the model an FSDP(...) call builds goes beyond the function building it.
 
-The program model ties a use to a constructor only within one file. A model
-handed to a function of another module (`train_one_epoch(model, ...)`), returned,
-or stored on an object may meet code there whose FSDP1 uses stay FSDP1 because
-another constructor of the program stays: converting this constructor would hand
-that code an FSDP2 model (`isinstance(model, FSDP)` turns false, `model.no_sync`
-raises). Such a constructor converts only when no such use stays. Calls into torch
-and a few inspecting builtins cannot hold the program's FSDP1 code; a function of
-the same file is followed into, and its FSDP1 code on the model goes with the
-constructor.
+Models analysis ties a use to a constructor within one function's data flow. A
+model handed to another function (`train_one_epoch(model, ...)`) is followed
+into it: a function of this file here, one of another module of the program by
+remote_calls.py once every file is read; that function's FSDP1 code on the
+parameter then converts with the constructor, or stays with it. A model that is
+returned, stored on an object or at module level, or handed to code the program
+cannot find escapes: it may meet code whose FSDP1 uses stay FSDP1 because
+another constructor stays, where an FSDP2 model would break (`isinstance(model,
+FSDP)` turns false, `model.no_sync` raises), so such a constructor converts only
+when no such use stays. Calls into torch and a few inspecting builtins cannot
+hold the program's FSDP1 code.
 """
 
 from dataclasses import dataclass
@@ -80,17 +82,12 @@ def escapes(ctx, call: cst.Call, stack) -> Reach | None:
 
 def parameter_reach(ctx, function: cst.FunctionDef, index: int | None, keyword: str | None) -> Reach | None:
     """Where a model handed to `function` (by position `index` or `keyword`) goes in this file; None: out of sight."""
-    params = function.params
-    positional = (*params.posonly_params, *params.params)
-    if keyword is not None:
-        found = [p for p in (*positional, *params.kwonly_params) if p.name.value == keyword]
-    else:
-        found = [positional[index]] if index is not None and index < len(positional) else []
-    if not found:
+    parameter = _parameter(function, index, keyword)
+    if parameter is None:
         return None
     callees: set[str] = {function.name.value}
     try:
-        _follow(ctx, function, found[0].name, callees, seen=set(), remotes=None)
+        _follow(ctx, function, parameter, callees, seen=set(), remotes=None)
     except Escape:
         return None
     return Reach(frozenset(callees))
@@ -128,11 +125,14 @@ def _read(ctx, name: cst.Name, ancestors, callees: set[str], seen: set[int], rem
         call = ancestors[-2]
         if _cannot_hold_user_code(ctx, call.func):
             return
+        binding = _binding(call, parent)
+        if binding is None:
+            raise Escape
         callee = _local_function(ctx, call.func)
         if callee is None and remotes is not None:
-            remotes.add(_remote(ctx, call, parent))
+            remotes.add(Remote(_remote_name(ctx, call), *binding))
             return
-        parameter = _parameter(callee, call, parent) if callee is not None else None
+        parameter = _parameter(callee, *binding) if callee is not None else None
         if parameter is None:
             raise Escape
         callees.add(callee.name.value)
@@ -144,18 +144,27 @@ def _read(ctx, name: cst.Name, ancestors, callees: set[str], seen: set[int], rem
         raise Escape
 
 
-def _remote(ctx, call: cst.Call, arg: cst.Arg) -> Remote:
-    """The call of a function another module defines that `arg` hands the model to; Escape when it is not one."""
+def _binding(call: cst.Call, arg: cst.Arg) -> tuple[int | None, str | None] | None:
+    """(position, keyword) by which `arg` of `call` binds a parameter; None when a `*`/`**` hides it."""
+    if arg.star:
+        return None
+    if arg.keyword is not None:
+        return None, arg.keyword.value
+    index = call.args.index(arg)
+    if any(a.star or a.keyword is not None for a in call.args[:index]):
+        return None
+    return index, None
+
+
+def _remote_name(ctx, call: cst.Call) -> str:
+    """The qualified name of a function another module defines that `call` calls; Escape when it is not one."""
     names = ctx.qualified_names(call.func)
-    if len(names) != 1 or arg.star:
+    if len(names) != 1:
         raise Escape
     (name,) = names
     if "." not in name.lstrip(".") or name.startswith(("builtins.", "torch.")):
         raise Escape  # a name of this module's own (a class, a variable) or a builtin
-    index = call.args.index(arg)
-    if arg.keyword is None and any(a.star or a.keyword is not None for a in call.args[:index]):
-        raise Escape
-    return Remote(name, None if arg.keyword is not None else index, arg.keyword.value if arg.keyword is not None else None)
+    return name
 
 
 def _local_function(ctx, func) -> cst.FunctionDef | None:
@@ -169,21 +178,13 @@ def _local_function(ctx, func) -> cst.FunctionDef | None:
     return None if function.decorators else function
 
 
-def _parameter(function: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> cst.Name | None:
-    """The parameter of `function` that `arg` of `call` binds, when plain Python binding says so."""
+def _parameter(function: cst.FunctionDef, index: int | None, keyword: str | None) -> cst.Name | None:
+    """The parameter of `function` bound by position `index` or by `keyword`, when plain Python binding says so."""
     params = function.params
-    if arg.star:
-        return None
-    if arg.keyword is not None:
-        for param in (*params.posonly_params, *params.params, *params.kwonly_params):
-            if param.name.value == arg.keyword.value:
-                return param.name
-        return None
-    if any(a.star for a in call.args[: call.args.index(arg)]):
-        return None
-    index = call.args.index(arg)
     positional = (*params.posonly_params, *params.params)
-    return positional[index].name if index < len(positional) else None
+    if keyword is not None:
+        return next((p.name for p in (*positional, *params.kwonly_params) if p.name.value == keyword), None)
+    return positional[index].name if index is not None and index < len(positional) else None
 
 
 def _cannot_hold_user_code(ctx, func) -> bool:
