@@ -96,11 +96,18 @@ def rewrite_program(files: list[ParsedFile], sources: Mapping[str, bytes] | None
     """Rewrite files that form one program: each model converts together with all its uses, or not at all.
     `sources`: every file of the program by path, also those not worth parsing (default: `files`)."""
     first = [file.rewrite() for file in files]
-    try:
-        verdicts = decide([facts for _, facts in first], sources if sources is not None else {f.path: f.data for f in files})
-    except Exception as error:  # a bug of ours in joining the files' facts: nothing is converted
-        return [left_unchanged(result, error) for result, _ in first]
+    verdicts, failure = decide_safely([facts for _, facts in first], sources if sources is not None else {f.path: f.data for f in files})
+    if failure is not None:
+        return [left_unchanged(result, failure) for result, _ in first]
     return [file.rewrite(verdicts[file.path])[0] if file.path in verdicts else result for file, (result, _) in zip(files, first)]
+
+
+def decide_safely(facts: list[FileFacts], sources: Mapping[str, bytes]) -> tuple[dict[str, Verdict], Exception | None]:
+    """The program's verdicts, or the error of ours that kept them from being reached (then nothing converts)."""
+    try:
+        return decide(facts, sources), None
+    except Exception as error:
+        return {}, error
 
 
 def left_unchanged(result: RewriteResult, error: Exception) -> RewriteResult:

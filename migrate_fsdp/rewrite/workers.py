@@ -17,9 +17,8 @@ from collections.abc import Mapping
 import signal
 from multiprocessing import get_context
 
-from migrate_fsdp.rewrite.analysis.program import decide
 from migrate_fsdp.lifeline import die_with_parent
-from migrate_fsdp.rewrite.api import ParsedFile, RewriteResult, left_unchanged, rewrite_program
+from migrate_fsdp.rewrite.api import ParsedFile, RewriteResult, decide_safely, left_unchanged, rewrite_program
 from migrate_fsdp.rewrite.diagnostics import Diagnostic
 from migrate_fsdp.rewrite.selection import INTERNAL_ERROR, Selection
 
@@ -50,10 +49,9 @@ def rewrite_files(
         first = {}
         for pipe, share in zip(pipes, shares):
             first.update(_receive(pipe, share))
-        try:
-            verdicts = decide([facts for _, facts in first.values() if facts is not None], sources)
-        except Exception as error:  # a bug of ours in joining the files' facts: nothing is converted
-            return [left_unchanged(first[path][0], error) for path, _ in jobs]
+        verdicts, failure = decide_safely([facts for _, facts in first.values() if facts is not None], sources)
+        if failure is not None:
+            return [left_unchanged(first[path][0], failure) for path, _ in jobs]
         for pipe, share in zip(pipes, shares):
             pipe.send({path: verdicts[path] for path, _ in share if path in verdicts})
         results = {path: result for path, (result, _) in first.items()}
