@@ -4,9 +4,9 @@ A checkpoint module often keeps functions nobody calls any more
 (`load_distributed_model_checkpoint` with LOCAL_STATE_DICT, a
 `scatter_full_optim_state_dict` whose result is never loaded), exported from a
 package `__init__` and nothing else. Their FSDP1 code on a parameter cannot
-be converted, and until now it held back every constructor whose model left
-its file. A function the program never names cannot be handed a model, so its
-code holds nothing back.
+be converted; counted as reachable, it would hold back every constructor whose
+model leaves its file. A function the program never names cannot be handed a
+model, so its code holds nothing back.
 
 "Never names" is judged on the bytes of every file of the program (also the
 files not parsed because they name no FSDP1): any occurrence of the name as a
@@ -19,8 +19,8 @@ hooks such as `on_save_checkpoint`).
 """
 
 import re
-from collections.abc import Mapping
 from collections import Counter
+from collections.abc import Mapping
 
 import libcst as cst
 
@@ -114,11 +114,14 @@ def _inner(body) -> list:
 
 
 def _is_all(small) -> bool:
-    return (
-        isinstance(small, (cst.Assign, cst.AugAssign))
-        and any(isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in getattr(small, "targets", ()))
-        or isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Name) and small.target.value == "__all__"
-    )
+    """`__all__ = [...]` or `__all__ += [...]`."""
+    if isinstance(small, cst.Assign):
+        targets = [t.target for t in small.targets]
+    elif isinstance(small, cst.AugAssign):
+        targets = [small.target]
+    else:
+        return False
+    return any(isinstance(t, cst.Name) and t.value == "__all__" for t in targets)
 
 
 def _all_entries(value) -> list[str]:
