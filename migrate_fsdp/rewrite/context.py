@@ -15,7 +15,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProv
 from migrate_fsdp.rewrite.analysis.program import Gate
 from migrate_fsdp.rewrite.analysis.versions import DualVersionRegions
 from migrate_fsdp.rewrite.diagnostics import Diagnostic, todo_comment
-from migrate_fsdp.rewrite.helpers import helper_source, renamed
+from migrate_fsdp.rewrite.helpers import HELPERS, helper_source, renamed
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
 
 # Nodes that own `leading_lines`, where a TODO comment can sit.
@@ -178,12 +178,15 @@ class FileContext:
         return self.imports[key]
 
     def add_helper(self, name: str) -> str:
-        """Add the helper function `name` (migrate_fsdp/rewrite/helpers/<name>.py) and its imports,
-        once, unless the file already has a definition of that name."""
+        """Add the helper function `name` (migrate_fsdp/rewrite/helpers/<name>.py), its imports and the
+        helpers it imports, once, unless the file already has a definition of that name."""
         if name not in self.helpers and not self._defines_top_level(name):
             source = helper_source(name)
             renames = {}
             for module, imported in source.imports:
+                if module.startswith(f"{HELPERS}."):
+                    self.add_helper(imported)
+                    continue
                 local = self.require_import(module, imported)
                 if local != (imported or module):
                     renames[imported or module] = local

@@ -31,6 +31,7 @@ TODO_REASONS = {
     "MF109": "FSDP1 forward prefetch left as is",
     "MF110": "FSDP1 meta-device init left as is",
     "MF111": "FSDP1 manual wrapping left as is",
+    "MF112": "FSDP1 setting left as is",
     "MF201": "no_sync left as is",
     "MF202": "FSDP1 state-dict type left as is",
     "MF203": "FSDP1 optimizer state dict left as is",

@@ -25,7 +25,7 @@ def helper(name):
 
 
 def test_the_rewrite_uses_every_helper_file():
-    from migrate_fsdp.rewrite.rules.construction import auto_wrap_policy, forward_prefetch, mesh, mixed_precision
+    from migrate_fsdp.rewrite.rules.construction import auto_wrap_policy, forward_prefetch, mesh, mixed_precision, settings_where_defined
     from migrate_fsdp.rewrite.rules.training import clip_grad_norm, fsdp_modules, no_sync, optim_state_dict, state_dicts
 
     used = {
@@ -35,6 +35,7 @@ def test_the_rewrite_uses_every_helper_file():
         forward_prefetch.HELPER,
         mesh.SHARDING_HELPER,
         mixed_precision.HELPER,
+        settings_where_defined.HELPER,
         clip_grad_norm.HELPER_NAME,
         fsdp_modules.HELPER_NAME,
         no_sync.HELPER_NAME,
@@ -48,7 +49,8 @@ def test_the_rewrite_uses_every_helper_file():
 def test_helper_defines_its_function_and_imports_only_torch(name):
     source = helper_source(name)
     assert [d.name.value for d in source.definitions if isinstance(d, cst.FunctionDef)] == [name]
-    assert all(module == "torch" or module.startswith("torch.") or module == "contextlib" for module, _ in source.imports)
+    helpers = "migrate_fsdp.rewrite.helpers."  # a helper it needs, inserted with it
+    assert all(module == "torch" or module.startswith(("torch.", helpers)) or module == "contextlib" for module, _ in source.imports)
     code = cst.Module(list(source.definitions)).code
     assert "_run_policy" not in code and "torch.distributed.fsdp._" not in code
     assert len(code.splitlines()) <= 40
@@ -140,3 +142,39 @@ def test_mixed_precision_refuses_low_precision_grads_when_it_runs():
 
     with pytest.raises(NotImplementedError, match="keep_low_precision_grads"):
         helper("_fsdp1_mixed_precision")(MixedPrecision(param_dtype=torch.bfloat16, keep_low_precision_grads=True))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32, "buffer_dtype": torch.bfloat16},
+        {"param_dtype": torch.float16, "cast_forward_inputs": True, "cast_root_forward_inputs": False},
+        {"param_dtype": torch.bfloat16, "_module_classes_to_ignore": [nn.LayerNorm]},
+    ],
+)
+def test_mixed_precision_defined_in_fsdp2_form_gives_what_the_run_time_conversion_gives(fields):
+    """MF112's form of a MixedPrecision where it is defined, and the constructor's helper reading either form."""
+    from torch.distributed.fsdp import MixedPrecision
+
+    defined = helper("fsdp2_mixed_precision")(**fields)
+    assert defined == helper("_fsdp1_mixed_precision")(MixedPrecision(**fields))
+    assert helper("_fsdp1_mixed_precision")(defined) is defined
+
+
+def test_mixed_precision_defined_in_fsdp2_form_refuses_low_precision_grads_when_it_runs():
+    with pytest.raises(NotImplementedError, match="keep_low_precision_grads"):
+        helper("fsdp2_mixed_precision")(param_dtype=torch.bfloat16, keep_low_precision_grads=True)
+
+
+def test_wrap_targets_take_the_classes_of_a_policy_converted_where_it_was_defined():
+    import functools
+
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
+
+    model = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2)))
+    targets = helper("_fsdp1_wrap_targets")
+    picked = targets(model, (nn.Linear, nn.ReLU))
+    assert picked == targets(model, functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={nn.Linear, nn.ReLU}))
+    assert picked == targets(model, ModuleWrapPolicy({nn.Linear, nn.ReLU}))
+    assert picked == [model[0][0], model[0][1], model[1], model[2][0]]

@@ -31,6 +31,7 @@ from migrate_fsdp.rewrite.analysis.escapes import escapes
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
 from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
+from migrate_fsdp.rewrite.analysis.value_flow import ValueFlow
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
 from migrate_fsdp.rewrite.syntax import dotted, import_aliases, walk
 
@@ -61,6 +62,8 @@ class FileFacts:
     declared: Counter | None = None  # function name -> occurrences that are not uses (reachability.py); None: not parsed
     uses: dict = field(default_factory=dict)  # (Position, code) -> Use
     staying: dict = field(default_factory=dict)  # (Position, code) -> Use a rule could not convert: it stays FSDP1
+    settings: set = field(default_factory=set)  # Positions of FSDP1 settings built apart from their constructors
+    reads: dict = field(default_factory=dict)  # constructor Position -> keywords read by helpers taking FSDP2 forms too
     imports_fsdp1: bool = False  # names torch's FSDP1 (not fairscale's, not FSDP2)
     asked_about_fsdp1: bool = False  # a rule asked whether the program builds FSDP1 models at all
 
@@ -77,11 +80,12 @@ class Verdict:
 
     blocked: dict = field(default_factory=dict)  # constructor Position -> why it stays FSDP1
     denied: dict = field(default_factory=dict)  # (Position, code) -> Denial
+    settings: set = field(default_factory=set)  # Positions of FSDP1 settings' definitions that take their FSDP2 form
     builds_fsdp1: bool = False  # another file of the program uses torch's FSDP1
     assumed: bool = False  # the first rewrite assumed the program builds FSDP1 models; it builds none
 
     def __bool__(self) -> bool:
-        return bool(self.blocked or self.denied or self.builds_fsdp1 or self.assumed)
+        return bool(self.blocked or self.denied or self.settings or self.builds_fsdp1 or self.assumed)
 
 
 def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -> dict[str, Verdict]:
@@ -102,7 +106,8 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             site = parent[site]
         return site
 
-    _tie_handed_on(facts, sources or {})
+    remote_calls = RemoteCalls(sources or {})
+    _tie_handed_on(facts, remote_calls)
     for file in facts:
         for use in file.uses.values():
             sites = sorted(use.sites)
@@ -163,12 +168,34 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
                 verdict.denied[key] = Denial(
                     KEPT_FSDP1, f"model may be FSDP1: the FSDP(...) in {where(first_kept)} stays; convert that first"
                 )
-        if verdict:
-            verdicts[file.path] = verdict
-    return verdicts
+        verdicts[file.path] = verdict
+    _convert_settings(facts, verdicts, ValueFlow(remote_calls))
+    return {path: verdict for path, verdict in verdicts.items() if verdict}
 
 
-def _tie_handed_on(facts: list[FileFacts], sources: Mapping[str, bytes]) -> None:
+def _convert_settings(facts: list[FileFacts], verdicts: dict[str, Verdict], flow: ValueFlow) -> None:
+    """An FSDP1 setting defined apart from its constructors takes its FSDP2 form where it stands when
+    every place its value reaches is a constructor that converts and reads it through a helper taking
+    that form too (value_flow.py); otherwise it stays the FSDP1 object the helpers also read."""
+    by_path = {f.path: f for f in facts}
+
+    def reads(sink) -> bool:
+        file = by_path.get(sink.path)
+        return (
+            file is not None
+            and bool(file.constructors.get(sink.call))
+            and sink.call not in verdicts[sink.path].blocked
+            and sink.keyword in file.reads.get(sink.call, ())
+        )
+
+    for file in facts:
+        for position in file.settings:
+            sinks = flow.sinks(file.path, position)
+            if sinks and all(reads(sink) for sink in sinks):
+                verdicts[file.path].settings.add(position)
+
+
+def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> None:
     """Every use's `sites`: the constructors of its file whose model reaches it, and those handing their model
     to the function holding it, in the same file or from another module (whose call escapes otherwise)."""
     by_path = {f.path: f for f in facts}
@@ -184,7 +211,6 @@ def _tie_handed_on(facts: list[FileFacts], sources: Mapping[str, bytes]) -> None
                 if use.function in functions:
                     table[key] = replace(use, sites=use.sites | {site})
 
-    remote_calls = RemoteCalls(sources)
     for file in facts:
         for position, callees in file.callees.items():
             tie(file.path, callees, (file.path, position))
@@ -209,10 +235,12 @@ class Gate:
         self.verdict = verdict
         self.facts = FileFacts(ctx.path, imports_fsdp1=_imports_fsdp1(ctx), declared=declarations(ctx.module))
 
-    def constructor(self, node, converts: bool, stack) -> str | None:
-        """Why the constructor `node` (at `stack`) must stay FSDP1 although it could convert, if it must."""
+    def constructor(self, node, converts: bool, stack, reads: frozenset = frozenset()) -> str | None:
+        """Why the constructor `node` (at `stack`) must stay FSDP1 although it could convert, if it must.
+        `reads`: its keywords whose values a helper reads at run time, in their FSDP1 or FSDP2 form."""
         position = self.ctx.position(node)
         self.facts.constructors[position] = converts
+        self.facts.reads[position] = reads
         function = next((n for n in reversed(stack) if isinstance(n, (cst.FunctionDef, cst.ClassDef))), None)
         self.facts.places[position] = f"{function.name.value}()" if isinstance(function, cst.FunctionDef) else ""
         if self.verdict is None:  # a constructor that stays also ties its model's uses to it: they are blocked by it
@@ -226,6 +254,13 @@ class Gate:
         if not converts or self.verdict is None:
             return None
         return self.verdict.blocked.get(position)
+
+    def setting(self, node) -> bool:
+        """Record `node`, an FSDP1 setting built apart from its constructors (`bf16 = MixedPrecision(...)`);
+        whether the program has it take its FSDP2 form there (decide)."""
+        position = self.ctx.position(node)
+        self.facts.settings.add(position)
+        return self.verdict is not None and position in self.verdict.settings
 
     def may_build_fsdp1(self) -> bool:
         """Whether a model this file cannot see may be torch's FSDP1 model: only when the program

@@ -48,6 +48,13 @@ class RemoteCalls:
 
     def _resolve(self, caller: str, qualified: str) -> tuple[str, str] | None:
         module, _, name = qualified.rpartition(".")
+        candidates = self.module_paths(caller, module)
+        if len(candidates) != 1:
+            return None
+        return candidates[0], name
+
+    def module_paths(self, caller: str, module: str) -> list[str]:
+        """The program's files that `module`, as `caller` imports it, may be (one when found for sure)."""
         here = PurePosixPath(_normal(caller)).parent
         if module.startswith("."):
             level = len(module) - len(module.lstrip("."))
@@ -63,12 +70,10 @@ class RemoteCalls:
             if len(candidates) > 1:  # the caller's directory first, as sys.path[0] of a script
                 near = [p for p in candidates if PurePosixPath(p).parent == here]
                 candidates = near or candidates
-        if len(candidates) != 1:
-            return None
-        return self._paths[_normal(candidates[0])], name
+        return [self._paths[_normal(candidate)] for candidate in candidates]
 
     def _follow(self, path: str, name: str, remote: Remote) -> Reach | None:
-        ctx = self._context(path)
+        ctx = self.context(path)
         if ctx is None:
             return None
         function = next(
@@ -79,7 +84,8 @@ class RemoteCalls:
             return None
         return parameter_reach(ctx, function, remote.index, remote.keyword)
 
-    def _context(self, path: str):
+    def context(self, path: str):
+        """The file's analysis context (None when it cannot be read), built once."""
         if path not in self._contexts:
             from migrate_fsdp.rewrite.context import FileContext  # the engine's context, built only for callees
 

@@ -11,6 +11,9 @@ import libcst as cst
 from migrate_fsdp.rewrite.syntax import dotted, is_docstring, is_import_line
 
 
+HELPERS = __name__  # a helper importing another helper gets it inserted too
+
+
 @dataclass(frozen=True)
 class HelperSource:
     imports: tuple[tuple[str, str | None], ...]  # (module, name): `from module import name`, name None: `import module`

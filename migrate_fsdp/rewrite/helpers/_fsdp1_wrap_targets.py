@@ -7,9 +7,17 @@ def _fsdp1_wrap_targets(root, policy, ignored_modules=(), ignored_params=(), ful
 
     Walks the model as FSDP1's _recursive_wrap does, asking
     policy(module=, recurse=, nonwrapped_numel=): function policies and
-    ModuleWrapPolicy answer that. `full_precision` are the classes FSDP1 also
-    wrapped on their own under mixed precision; `ignored_modules` are whole subtrees.
+    ModuleWrapPolicy answer that; a tuple of classes (transformer_auto_wrap_policy's
+    or ModuleWrapPolicy's, converted where it was defined) picks their instances.
+    `full_precision` are the classes FSDP1 also wrapped on their own under mixed
+    precision; `ignored_modules` are whole subtrees.
     """
+    if isinstance(policy, tuple):
+        classes = policy
+
+        def policy(module, recurse, nonwrapped_numel):
+            return recurse or isinstance(module, classes)
+
     if not callable(policy):  # CustomPolicy: FSDP1 reads it through private API only
         raise NotImplementedError(f"{policy!r}: call fully_shard on the modules its function picks, children first")
     full_precision = tuple(full_precision)

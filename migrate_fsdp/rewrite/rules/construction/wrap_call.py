@@ -27,7 +27,7 @@ from migrate_fsdp.rewrite.rules.construction.ignored_modules import IgnoredModul
 from migrate_fsdp.rewrite.rules.construction.manual_wrap import ManualWrapRule
 from migrate_fsdp.rewrite.rules.construction.mesh import MeshRule
 from migrate_fsdp.rewrite.rules.construction.meta_init import MetaInitRule
-from migrate_fsdp.rewrite.rules.construction.mixed_precision import MixedPrecisionRule
+from migrate_fsdp.rewrite.rules.construction.mixed_precision import MixedPrecisionRule, RunTime
 from migrate_fsdp.rewrite.rules.construction.plan import CallSite, Plan, Problem, Unconvertible
 from migrate_fsdp.rewrite.rules.construction.removed_kwargs import RemovedKwargs
 from migrate_fsdp.rewrite.rules.construction.sharding_strategy import ShardingStrategyRule
@@ -151,7 +151,8 @@ class WrapCall(Rule):
         for site in self._sites:
             before = dict(self.ctx.imports), dict(self.ctx.helpers)
             plan = self._plan(site)
-            why = self.ctx.program.constructor(site.node, converts=not plan.problems and not site.in_dual_version, stack=site.stack)
+            converts = not plan.problems and not site.in_dual_version
+            why = self.ctx.program.constructor(site.node, converts=converts, stack=site.stack, reads=_read_at_run_time(plan))
             if why is not None:
                 plan.problems.append(Problem(site.node, BLOCKED, _LEFT_AS_IS + why))
             elif site.in_dual_version:
@@ -432,6 +433,16 @@ class WrapCall(Rule):
                 called = isinstance(parent, cst.Call) and parent.func is node
                 self.ctx.report(parent if called else node, code, message)
                 return
+
+
+def _read_at_run_time(plan: Plan) -> frozenset:
+    """The keywords whose values the converted call hands to a helper that takes their FSDP1 or FSDP2 form."""
+    reads = set()
+    if isinstance(plan.mixed_precision, RunTime):
+        reads.add("mixed_precision")
+    if plan.policy is not None and plan.policy.runtime is not None:
+        reads.add("auto_wrap_policy")
+    return frozenset(reads)
 
 
 # The arguments the mesh and the device setup are built from.

@@ -1,0 +1,244 @@
+"""Where a setting defined apart from its FSDP(...) call goes, across the modules of the program.
+
+Recipes define their FSDP1 settings in a module of their own (`bf16 =
+MixedPrecision(...)` in `policies.py`), hand them out through a function
+(`return mixed_precision_policy, wrapping_policy`) and pass them on at run
+time (`mixed_precision=mp if cfg.mixed_precision else None`). Such a
+definition can take its FSDP2 form where it stands only if every place its
+value can reach is a constructor that converts and reads it through a helper
+taking both forms; anywhere else (FSDP1 code that stays, a library's plugin,
+an attribute read) the FSDP1 object must stay what it is.
+
+The value is followed forward: through assignments to a plain name,
+conditional and boolean expressions, `return` (also as an element of a
+returned tuple that the caller unpacks), every call of the function that
+returns it (in its file, or imported by another module), and every import of
+a module-level name (also through a package's star re-exports). Printing it
+is harmless. Anything else it meets means it may reach code out of sight.
+"""
+
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.metadata import ClassScope, GlobalScope
+
+from migrate_fsdp.rewrite.analysis.models import assignments_of
+from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
+from migrate_fsdp.rewrite.syntax import dotted, walk
+
+Position = tuple[int, int]
+_HARMLESS = ("builtins.print",)
+_STAR_DEPTH = 4  # packages re-exporting modules that re-export modules...
+
+
+@dataclass(frozen=True)
+class Sink:
+    """A keyword argument of a call (an FSDP(...) constructor, for the value to convert) that the value reaches."""
+
+    path: str
+    call: Position
+    keyword: str
+
+
+class _OutOfSight(Exception):
+    """The value may reach code the program cannot follow."""
+
+
+class ValueFlow:
+    """Follows values through the program's files, each parsed at most once (shared with RemoteCalls)."""
+
+    def __init__(self, calls: RemoteCalls) -> None:
+        self.calls = calls
+        self._parents: dict[str, dict[int, cst.CSTNode]] = {}
+
+    def sinks(self, path: str, position: Position) -> frozenset[Sink] | None:
+        """Every keyword argument the value of the call at `position` in `path` reaches; None: out of sight."""
+        ctx = self.calls.context(path)
+        built = None if ctx is None else next((n for n, _ in walk(ctx.module) if isinstance(n, cst.Call) and ctx.position(n) == position), None)
+        if built is None:
+            return None
+        found: set[Sink] = set()
+        try:
+            self._value(path, built, found, set())
+        except (_OutOfSight, RecursionError):
+            return None
+        return frozenset(found)
+
+    # ----- the places a value can be -------------------------------------------------
+
+    def _binding(self, path: str, name: cst.Name, found: set, seen: set) -> None:
+        """`name = value`: wherever the name is read."""
+        if (path, id(name)) in seen:
+            return
+        seen.add((path, id(name)))
+        ctx = self.calls.context(path)
+        scope = ctx.scope(name)
+        if scope is None or isinstance(scope, ClassScope):
+            raise _OutOfSight
+        assignment = next((a for a in assignments_of(scope, name.value) if a.node is name), None)
+        if assignment is None:
+            raise _OutOfSight
+        for access in assignment.references:
+            self._value(path, access.node, found, seen)
+        if isinstance(scope, GlobalScope):
+            self._imported(path, name.value, lambda where, node: self._value(where, node, found, seen))
+
+    def _value(self, path: str, node: cst.CSTNode, found: set, seen: set) -> None:
+        """An expression holding the value: where does its value go?"""
+        ctx, parents = self.calls.context(path), self._parents_of(path)
+        parent = parents.get(id(node))
+        while isinstance(parent, (cst.IfExp, cst.BooleanOperation)) and getattr(parent, "test", None) is not node:
+            node, parent = parent, parents.get(id(parent))
+        if isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is node:
+            targets = [t.target for t in parent.targets] if isinstance(parent, cst.Assign) else [parent.target]
+            if len(targets) != 1 or not isinstance(targets[0], cst.Name):
+                raise _OutOfSight
+            self._binding(path, targets[0], found, seen)
+        elif isinstance(parent, cst.Return):
+            self._returned(path, parent, None, found, seen)
+        elif isinstance(parent, cst.Element) and isinstance(parents.get(id(parent)), cst.Tuple):
+            values = parents[id(parent)]
+            returned = parents.get(id(values))
+            if not (isinstance(returned, cst.Return) and returned.value is values and not _starred(values)):
+                raise _OutOfSight
+            self._returned(path, returned, values.elements.index(parent), found, seen)
+        elif isinstance(parent, cst.Arg) and parent.value is node and isinstance(parents.get(id(parent)), cst.Call):
+            call = parents[id(parent)]
+            if ctx.matches(call.func, *_HARMLESS):
+                return
+            if parent.keyword is None or parent.star:
+                raise _OutOfSight
+            found.add(Sink(path, ctx.position(call), parent.keyword.value))
+        else:
+            raise _OutOfSight
+
+    def _returned(self, path: str, ret: cst.Return, index: int | None, found: set, seen: set) -> None:
+        """Returned by a module-level function (element `index` of a tuple): wherever its calls' results go."""
+        ctx, parents = self.calls.context(path), self._parents_of(path)
+        function = parents.get(id(ret))
+        while function is not None and not isinstance(function, (cst.FunctionDef, cst.Lambda)):
+            function = parents.get(id(function))
+        if not isinstance(function, cst.FunctionDef) or function.decorators or not isinstance(parents.get(id(function)), cst.Module):
+            raise _OutOfSight
+        key = (path, id(function), index)
+        if key in seen:
+            return
+        seen.add(key)
+        assignment = next((a for a in assignments_of(ctx.scope(function), function.name.value) if a.node is function), None)
+        if assignment is None:
+            raise _OutOfSight
+        for access in assignment.references:
+            self._called(path, access.node, index, found, seen)
+        self._imported(path, function.name.value, lambda where, node: self._called(where, node, index, found, seen))
+
+    def _called(self, path: str, node: cst.CSTNode, index: int | None, found: set, seen: set) -> None:
+        """`node` names the function returning the value: it must be called, and the result followed."""
+        parents = self._parents_of(path)
+        call = parents.get(id(node))
+        if not (isinstance(call, cst.Call) and call.func is node):
+            raise _OutOfSight
+        if index is None:
+            self._value(path, call, found, seen)
+            return
+        statement = parents.get(id(call))
+        if not (isinstance(statement, cst.Assign) and statement.value is call and len(statement.targets) == 1):
+            raise _OutOfSight
+        target = statement.targets[0].target
+        if not isinstance(target, (cst.Tuple, cst.List)) or _starred(target) or index >= len(target.elements):
+            raise _OutOfSight
+        name = target.elements[index].value
+        if not isinstance(name, cst.Name):
+            raise _OutOfSight
+        self._binding(path, name, found, seen)
+
+    # ----- other modules ---------------------------------------------------------------
+
+    def _imported(self, path: str, name: str, read) -> None:
+        """Every read, in another module, of the module-level `name` of `path` (`read(where, node)` follows it)."""
+        spelled = name.encode()
+        for other, data in self.calls.sources.items():
+            if other == path or spelled not in data:
+                continue
+            ctx = self.calls.context(other)
+            if ctx is None:
+                raise _OutOfSight
+            handled: set[int] = set()
+            for node, ancestors in walk(ctx.module):
+                if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+                    for alias in node.names:
+                        if dotted(alias.name) == name and self._defined_in(other, node, name) == path:
+                            bound = alias.asname.name.value if alias.asname else name
+                            for assignment in assignments_of(ctx.scope(node), bound):
+                                if assignment.node is node:
+                                    handled.update(id(access.node) for access in assignment.references)
+                                    for access in assignment.references:
+                                        read(other, access.node)
+            for node, ancestors in walk(ctx.module):
+                if isinstance(node, cst.Name) and node.value == name and id(node) not in handled:
+                    self._stray(other, ctx, node, ancestors, path, read)
+                elif isinstance(node, cst.Attribute) and node.attr.value == name:
+                    raise _OutOfSight  # `policies.bf16`: a module's attribute, or anything's
+
+    def _stray(self, path: str, ctx, node: cst.Name, ancestors, defined: str, read) -> None:
+        """A name spelt like the definition, not read through an import of it: another binding, or a star import's."""
+        parent = ancestors[-1] if ancestors else None
+        if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ancestors):
+            return  # an import of the same name from elsewhere
+        if isinstance(parent, (cst.Attribute, cst.Arg, cst.Param, cst.FunctionDef, cst.ClassDef)) and node is not getattr(parent, "value", None):
+            return  # `x.name`, `f(name=...)`, a parameter or a definition's own name: not a read of ours
+        scope = ctx.scope(node)
+        if scope is None:
+            raise _OutOfSight
+        access = next((a for a in scope.accesses[node.value] if a.node is node), None) if node.value in scope.accesses else None
+        if access is None or access.referents:
+            return  # assigned here, or a binding of this module
+        if self._star_source(path, ctx, node.value) == defined:
+            read(path, node)
+            return
+        raise _OutOfSight
+
+    def _star_source(self, path: str, ctx, name: str) -> str | None:
+        for statement in ctx.module.body:
+            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+                if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
+                    source = self._defined_in(path, small, name)
+                    if source is not None:
+                        return source
+        return None
+
+    def _defined_in(self, path: str, imported: cst.ImportFrom, name: str, depth: int = 0) -> str | None:
+        """The program file that defines `name` as `imported` (in `path`) finds it, following re-exports."""
+        module = "." * len(imported.relative) + (dotted(imported.module) if imported.module is not None else "")
+        candidates = self.calls.module_paths(path, module)
+        if len(candidates) != 1:
+            if candidates:
+                raise _OutOfSight  # two modules it may be
+            return None  # not a module of the program
+        (found,) = candidates
+        ctx = self.calls.context(found)
+        if ctx is None:
+            raise _OutOfSight
+        scope = ctx.scope(ctx.module)
+        own = [a for a in assignments_of(scope, name) if not isinstance(a.node, (cst.Import, cst.ImportFrom))] if scope else []
+        if own:
+            return found
+        if depth >= _STAR_DEPTH:
+            raise _OutOfSight
+        for statement in ctx.module.body:
+            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+                if not isinstance(small, cst.ImportFrom):
+                    continue
+                if isinstance(small.names, cst.ImportStar) or any(dotted(a.name) == name and a.asname is None for a in small.names):
+                    source = self._defined_in(found, small, name, depth + 1)
+                    if source is not None:
+                        return source
+        return None
+
+    def _parents_of(self, path: str) -> dict[int, cst.CSTNode]:
+        if path not in self._parents:
+            self._parents[path] = {id(node): ancestors[-1] for node, ancestors in walk(self.calls.context(path).module) if ancestors}
+        return self._parents[path]
+
+
+def _starred(node) -> bool:
+    return any(isinstance(element, cst.StarredElement) for element in node.elements)

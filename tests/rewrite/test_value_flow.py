@@ -1,0 +1,138 @@
+"""FSDP1 settings defined apart from their constructors (MF112, analysis/value_flow.py): they take their FSDP2
+form where they are defined only when every place their value reaches is a constructor that converts."""
+
+import libcst as cst
+import pytest
+
+from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
+from migrate_fsdp.rewrite.analysis.value_flow import Sink, ValueFlow
+from migrate_fsdp.rewrite.api import ParsedFile, rewrite_program
+from migrate_fsdp.rewrite.selection import Selection
+
+POLICIES = b'''import functools
+
+import torch
+from torch.distributed.fsdp import MixedPrecision
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+bf16 = MixedPrecision(param_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16)
+
+
+def get_policies(cfg):
+    mp = None
+    if cfg.mixed_precision:
+        mp = bf16
+    wrapping = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={torch.nn.Linear})
+    return mp, wrapping
+'''
+
+TRAIN = b'''import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from pkg.policies import get_policies
+
+
+def main(module, cfg):
+    mp, wrapping = get_policies(cfg)
+    model = FSDP(module, auto_wrap_policy=wrapping, mixed_precision=mp if not cfg.pure_bf16 else None, device_id=torch.device("cpu"))
+    model(torch.ones(2)).sum().backward()
+'''
+
+# A constructor that stays FSDP1 (arguments from a dict it cannot read), reading the same settings.
+KEPT = b'''from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from pkg.policies import get_policies
+
+
+def legacy(module, cfg):
+    mp, wrapping = get_policies(cfg)
+    return FSDP(module, auto_wrap_policy=wrapping, mixed_precision=mp, **cfg.extra)
+'''
+
+
+def _rewrite(files):
+    selection = Selection.from_prefixes(None, None)
+    results = rewrite_program([ParsedFile(data, path, selection, True) for path, data in files.items()])
+    return {r.path: r.new_source.decode() for r in results}
+
+
+def test_settings_reaching_only_converted_constructors_take_their_fsdp2_form_where_defined():
+    out = _rewrite({"pkg/policies.py": POLICIES, "pkg/train.py": TRAIN})
+    assert "bf16 = fsdp2_mixed_precision(param_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16)" in out["pkg/policies.py"]
+    assert "wrapping = (torch.nn.Linear,)" in out["pkg/policies.py"]
+    assert "torch.distributed.fsdp.wrap" not in out["pkg/policies.py"] and "MixedPrecision\n" not in out["pkg/policies.py"]
+    assert "import functools" not in out["pkg/policies.py"]
+    assert "_fsdp1_mixed_precision(mp if not cfg.pure_bf16 else None)" in out["pkg/train.py"]
+
+
+def test_settings_that_also_reach_a_constructor_that_stays_stay_fsdp1():
+    out = _rewrite({"pkg/policies.py": POLICIES, "pkg/train.py": TRAIN, "pkg/legacy.py": KEPT})
+    assert out["pkg/policies.py"].count("TODO(migrate-fsdp)") == 2
+    assert "bf16 = MixedPrecision(" in out["pkg/policies.py"] and "functools.partial(transformer_auto_wrap_policy" in out["pkg/policies.py"]
+    assert "fully_shard(module" in out["pkg/train.py"]  # it reads either form at run time
+
+
+@pytest.mark.parametrize(
+    "elsewhere",
+    [
+        b"from pkg.policies import bf16\n\nprint(bf16.param_dtype)\n",  # an attribute read: FSDP1's object expected
+        b"from pkg.policies import bf16\nfrom accelerate import FullyShardedDataParallelPlugin\n\nFullyShardedDataParallelPlugin(mixed_precision_policy=bf16)\n",
+        b"import pkg.policies\n\nprint(pkg.policies.bf16)\n",  # a module attribute: not followed
+        b"from pkg.policies import bf16\n\nPOLICIES = {'bf16': bf16}\n",  # a container
+    ],
+)
+def test_a_mixed_precision_read_anywhere_else_stays(elsewhere):
+    out = _rewrite({"pkg/policies.py": POLICIES, "pkg/train.py": TRAIN, "pkg/other.py": elsewhere})
+    assert "bf16 = MixedPrecision(" in out["pkg/policies.py"]
+    assert "wrapping = (torch.nn.Linear,)" in out["pkg/policies.py"]  # the policy reaches nothing else
+
+
+def test_printing_a_setting_does_not_keep_it():
+    out = _rewrite({"pkg/policies.py": POLICIES, "pkg/train.py": TRAIN, "pkg/other.py": b"from pkg.policies import bf16\n\nprint(bf16)\n"})
+    assert "bf16 = fsdp2_mixed_precision(" in out["pkg/policies.py"]
+
+
+def _flow(files):
+    return ValueFlow(RemoteCalls(files))
+
+
+def _position_of(source: bytes, text: bytes) -> tuple[int, int]:
+    before = source[: source.index(text)]
+    return before.count(b"\n") + 1, len(before) - (before.rfind(b"\n") + 1) + 1
+
+
+def test_a_setting_is_followed_through_a_package_star_re_export_and_an_alias():
+    files = {
+        "pkg/policies/__init__.py": b"from pkg.policies.mixed import *\n",
+        "pkg/policies/mixed.py": b"import torch\nfrom torch.distributed.fsdp import MixedPrecision\n\nbf16 = MixedPrecision(param_dtype=torch.bfloat16)\n",
+        "pkg/train.py": b"from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\nfrom pkg.policies import bf16 as chosen\n\n\ndef main(m):\n    return FSDP(m, mixed_precision=chosen)\n",
+    }
+    position = _position_of(files["pkg/policies/mixed.py"], b"MixedPrecision(param")
+    assert _flow(files).sinks("pkg/policies/mixed.py", position) == {Sink("pkg/train.py", (6, 12), "mixed_precision")}
+
+
+def test_a_star_import_of_the_defining_module_counts_as_a_read():
+    files = {
+        "pkg/mixed.py": b"import torch\nfrom torch.distributed.fsdp import MixedPrecision\n\nbf16 = MixedPrecision(param_dtype=torch.bfloat16)\n",
+        "pkg/train.py": b"from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\nfrom pkg.mixed import *\n\n\ndef main(m):\n    return FSDP(m, mixed_precision=bf16)\n\n\ndef other():\n    return [bf16]\n",
+    }
+    position = _position_of(files["pkg/mixed.py"], b"MixedPrecision(param")
+    assert _flow(files).sinks("pkg/mixed.py", position) is None  # `[bf16]`: in a container
+
+
+def test_a_returned_setting_must_be_unpacked_by_every_caller():
+    policies = POLICIES + b"\n\ndef everything(cfg):\n    return get_policies(cfg)\n"
+    files = {"pkg/policies.py": policies, "pkg/train.py": TRAIN}
+    position = _position_of(policies, b"MixedPrecision(param")
+    assert _flow(files).sinks("pkg/policies.py", position) is None
+    position = _position_of(POLICIES, b"MixedPrecision(param")
+    assert _flow({"pkg/policies.py": POLICIES, "pkg/train.py": TRAIN}).sinks("pkg/policies.py", position) == {
+        Sink("pkg/train.py", (9, 13), "mixed_precision")
+    }
+
+
+def test_the_rewritten_settings_file_parses_and_a_second_run_changes_nothing():
+    first = _rewrite({"pkg/policies.py": POLICIES, "pkg/train.py": TRAIN})
+    cst.parse_module(first["pkg/policies.py"])
+    second = _rewrite({path: text.encode() for path, text in first.items()})
+    assert second == first
