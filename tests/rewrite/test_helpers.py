@@ -36,6 +36,7 @@ def test_the_rewrite_uses_every_helper_file():
         mesh.SHARDING_HELPER,
         mixed_precision.HELPER,
         settings_where_defined.HELPER,
+        settings_where_defined.LAMBDA_HELPER,
         clip_grad_norm.HELPER_NAME,
         fsdp_modules.HELPER_NAME,
         no_sync.HELPER_NAME,
@@ -178,3 +179,20 @@ def test_wrap_targets_take_the_classes_of_a_policy_converted_where_it_was_define
     assert picked == targets(model, functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={nn.Linear, nn.ReLU}))
     assert picked == targets(model, ModuleWrapPolicy({nn.Linear, nn.ReLU}))
     assert picked == [model[0][0], model[0][1], model[1], model[2][0]]
+
+
+def test_lambda_and_or_policies_defined_in_fsdp2_form_pick_what_fsdp1s_picked():
+    import functools
+
+    from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, transformer_auto_wrap_policy
+
+    model = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), nn.LayerNorm(2), nn.Sequential(nn.Linear(2, 2)))
+    targets, is_norm = helper("_fsdp1_wrap_targets"), (lambda m: isinstance(m, nn.LayerNorm))
+    lambda_policy = functools.partial(helper("_fsdp1_lambda_policy"), lambda_fn=is_norm)
+    assert targets(model, lambda_policy) == targets(model, functools.partial(lambda_auto_wrap_policy, lambda_fn=is_norm)) == [model[1]]
+    fsdp1 = functools.partial(
+        _or_policy,
+        policies=[functools.partial(lambda_auto_wrap_policy, lambda_fn=is_norm), functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={nn.ReLU})],
+    )
+    ours = functools.partial(helper("_fsdp1_or_policy"), policies=[lambda_policy, (nn.ReLU,)])
+    assert targets(model, ours) == targets(model, fsdp1) == [model[0][1], model[1]]

@@ -136,3 +136,52 @@ def test_the_rewritten_settings_file_parses_and_a_second_run_changes_nothing():
     cst.parse_module(first["pkg/policies.py"])
     second = _rewrite({path: text.encode() for path, text in first.items()})
     assert second == first
+
+
+UTILS = b'''import functools
+
+import torch
+from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, transformer_auto_wrap_policy
+
+
+def fsdp_auto_wrap_policy(layer_classes):
+    def lambda_policy_fn(module):
+        return len(list(module.named_children())) == 0 and getattr(module, "weight", None) is not None
+
+    lambda_policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda_policy_fn)
+    transformer_wrap_policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=set(layer_classes))
+    auto_wrap_policy = functools.partial(_or_policy, policies=[lambda_policy, transformer_wrap_policy])
+    return auto_wrap_policy
+'''
+
+PEFT_TRAIN = b'''import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from pkg.utils import fsdp_auto_wrap_policy
+
+
+def main(module):
+    policy = fsdp_auto_wrap_policy([torch.nn.Sequential])
+    return FSDP(module, auto_wrap_policy=policy, device_id=torch.device("cpu"))
+'''
+
+
+def test_an_or_policy_and_the_policies_it_combines_convert_together():
+    out = _rewrite({"pkg/utils.py": UTILS, "pkg/train.py": PEFT_TRAIN})["pkg/utils.py"]
+    assert "lambda_policy = functools.partial(_fsdp1_lambda_policy, lambda_fn=lambda_policy_fn)" in out
+    assert "transformer_wrap_policy = tuple(layer_classes)" in out
+    assert "auto_wrap_policy = functools.partial(_fsdp1_or_policy, policies=[lambda_policy, transformer_wrap_policy])" in out
+    assert "torch.distributed.fsdp" not in out and "TODO" not in out
+
+
+def test_an_or_policy_nothing_reads_keeps_its_policies_while_the_program_keeps_fsdp1():
+    kept = PEFT_TRAIN.replace(b"policy = fsdp_auto_wrap_policy([torch.nn.Sequential])\n    ", b"").replace(b"auto_wrap_policy=policy, ", b"**cfg, ")
+    out = _rewrite({"pkg/utils.py": UTILS, "pkg/train.py": kept})
+    assert out["pkg/utils.py"] == UTILS.decode().replace("    lambda_policy =", "    # TODO(migrate-fsdp): MF102 FSDP1 auto-wrap policy left as is\n    lambda_policy =").replace(
+        "    transformer_wrap_policy =", "    # TODO(migrate-fsdp): MF102 FSDP1 auto-wrap policy left as is\n    transformer_wrap_policy ="
+    ).replace("    auto_wrap_policy =", "    # TODO(migrate-fsdp): MF102 FSDP1 auto-wrap policy left as is\n    auto_wrap_policy =")
+
+
+def test_a_setting_nothing_reads_converts_in_a_program_without_fsdp1_constructors():
+    out = _rewrite({"pkg/policies.py": b"import torch\nfrom torch.distributed.fsdp import MixedPrecision\n\nfp32 = MixedPrecision(param_dtype=torch.float32)\n"})
+    assert "fp32 = fsdp2_mixed_precision(param_dtype=torch.float32)" in out["pkg/policies.py"]

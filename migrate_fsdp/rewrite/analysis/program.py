@@ -62,7 +62,8 @@ class FileFacts:
     declared: Counter | None = None  # function name -> occurrences that are not uses (reachability.py); None: not parsed
     uses: dict = field(default_factory=dict)  # (Position, code) -> Use
     staying: dict = field(default_factory=dict)  # (Position, code) -> Use a rule could not convert: it stays FSDP1
-    settings: set = field(default_factory=set)  # Positions of FSDP1 settings built apart from their constructors
+    settings: dict = field(default_factory=dict)  # FSDP1 setting built apart from its constructors: Position -> the
+    # keywords whose values it takes in their FSDP1 or FSDP2 form (an `_or_policy`'s `policies`)
     reads: dict = field(default_factory=dict)  # constructor Position -> keywords read by helpers taking FSDP2 forms too
     imports_fsdp1: bool = False  # names torch's FSDP1 (not fairscale's, not FSDP2)
     asked_about_fsdp1: bool = False  # a rule asked whether the program builds FSDP1 models at all
@@ -175,11 +176,13 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
 
 def _convert_settings(facts: list[FileFacts], verdicts: dict[str, Verdict], flow: ValueFlow) -> None:
     """An FSDP1 setting defined apart from its constructors takes its FSDP2 form where it stands when
-    every place its value reaches is a constructor that converts and reads it through a helper taking
-    that form too (value_flow.py); otherwise it stays the FSDP1 object the helpers also read."""
+    every place its value reaches is a constructor that converts, or a setting that converts, reading it
+    through a helper taking that form too (value_flow.py); otherwise it stays the FSDP1 object the helpers
+    also read. One reaching nothing converts only in a program that keeps no FSDP1 constructor."""
     by_path = {f.path: f for f in facts}
+    keeps_fsdp1 = any(not c or p in verdicts[f.path].blocked for f in facts for p, c in f.constructors.items())
 
-    def reads(sink) -> bool:
+    def constructor_reads(sink) -> bool:
         file = by_path.get(sink.path)
         return (
             file is not None
@@ -188,11 +191,21 @@ def _convert_settings(facts: list[FileFacts], verdicts: dict[str, Verdict], flow
             and sink.keyword in file.reads.get(sink.call, ())
         )
 
-    for file in facts:
-        for position in file.settings:
-            sinks = flow.sinks(file.path, position)
-            if sinks and all(reads(sink) for sink in sinks):
-                verdicts[file.path].settings.add(position)
+    reached = {(f.path, p): flow.sinks(f.path, p) for f in facts for p in f.settings}
+    converting = {site for site, sinks in reached.items() if sinks is not None and (sinks or not keeps_fsdp1)}
+    changed = True
+    while changed:  # a setting read by another (an `_or_policy`'s element) converts only if that one does
+        changed = False
+        for site in sorted(converting):
+            for sink in reached[site]:
+                setting = (sink.path, sink.call)
+                if constructor_reads(sink) or setting in converting and sink.keyword in by_path[sink.path].settings[sink.call]:
+                    continue
+                converting.discard(site)
+                changed = True
+                break
+    for path, position in converting:
+        verdicts[path].settings.add(position)
 
 
 def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> None:
@@ -255,11 +268,12 @@ class Gate:
             return None
         return self.verdict.blocked.get(position)
 
-    def setting(self, node) -> bool:
+    def setting(self, node, reads: frozenset = frozenset()) -> bool:
         """Record `node`, an FSDP1 setting built apart from its constructors (`bf16 = MixedPrecision(...)`);
-        whether the program has it take its FSDP2 form there (decide)."""
+        whether the program has it take its FSDP2 form there (decide). `reads`: its keywords whose values
+        it takes in their FSDP1 or FSDP2 form."""
         position = self.ctx.position(node)
-        self.facts.settings.add(position)
+        self.facts.settings[position] = reads
         return self.verdict is not None and position in self.verdict.settings
 
     def may_build_fsdp1(self) -> bool:

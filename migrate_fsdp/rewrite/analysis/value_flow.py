@@ -96,21 +96,29 @@ class ValueFlow:
             self._binding(path, targets[0], found, seen)
         elif isinstance(parent, cst.Return):
             self._returned(path, parent, None, found, seen)
-        elif isinstance(parent, cst.Element) and isinstance(parents.get(id(parent)), cst.Tuple):
+        elif isinstance(parent, cst.Element) and isinstance(parents.get(id(parent)), (cst.Tuple, cst.List)):
             values = parents[id(parent)]
-            returned = parents.get(id(values))
-            if not (isinstance(returned, cst.Return) and returned.value is values and not _starred(values)):
+            holder = parents.get(id(values))
+            if isinstance(holder, cst.Return) and holder.value is values and isinstance(values, cst.Tuple) and not _starred(values):
+                self._returned(path, holder, values.elements.index(parent), found, seen)
+            elif isinstance(holder, cst.Arg) and holder.value is values:  # `policies=[a, b]`: the call takes them all
+                self._argument(path, holder, found)
+            else:
                 raise _OutOfSight
-            self._returned(path, returned, values.elements.index(parent), found, seen)
-        elif isinstance(parent, cst.Arg) and parent.value is node and isinstance(parents.get(id(parent)), cst.Call):
-            call = parents[id(parent)]
-            if ctx.matches(call.func, *_HARMLESS):
-                return
-            if parent.keyword is None or parent.star:
-                raise _OutOfSight
-            found.add(Sink(path, ctx.position(call), parent.keyword.value))
+        elif isinstance(parent, cst.Arg) and parent.value is node:
+            self._argument(path, parent, found)
         else:
             raise _OutOfSight
+
+    def _argument(self, path: str, arg: cst.Arg, found: set) -> None:
+        ctx, call = self.calls.context(path), self._parents_of(path).get(id(arg))
+        if not isinstance(call, cst.Call):
+            raise _OutOfSight  # a class's base
+        if ctx.matches(call.func, *_HARMLESS):
+            return
+        if arg.keyword is None or arg.star:
+            raise _OutOfSight
+        found.add(Sink(path, ctx.position(call), arg.keyword.value))
 
     def _returned(self, path: str, ret: cst.Return, index: int | None, found: set, seen: set) -> None:
         """Returned by a module-level function (element `index` of a tuple): wherever its calls' results go."""

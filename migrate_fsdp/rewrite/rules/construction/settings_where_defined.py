@@ -16,18 +16,29 @@ with the advice of its keyword's rule.
 - `functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=X)`
   and `ModuleWrapPolicy(X)` -> the tuple of classes whose instances get
   their own fully_shard.
-- `functools.partial(size_based_auto_wrap_policy, ...)` -> the same partial of
-  a local copy of that policy.
+- `functools.partial(size_based_auto_wrap_policy, ...)`,
+  `functools.partial(lambda_auto_wrap_policy, lambda_fn=f)` and
+  `functools.partial(_or_policy, policies=[...])` -> the same partial of a
+  local, torch-only copy of that policy (an `_or_policy`'s policies may be
+  FSDP1's or converted ones: it converts when its own value may).
 """
 
 import libcst as cst
 
 from migrate_fsdp.rewrite.rule import Rule
-from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import CLASS_POLICIES, PARTIAL, SIZE_HELPER, WRAP
+from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import CLASS_POLICIES, OR_HELPER, PARTIAL, SIZE_HELPER, WRAP
 from migrate_fsdp.rewrite.rules.construction.codegen import call
 from migrate_fsdp.rewrite.rules.construction.mixed_precision import MIXED_PRECISION
 
 HELPER = "fsdp2_mixed_precision"
+LAMBDA_HELPER = "_fsdp1_lambda_policy"
+# FSDP1 policy functions -> (their only options, the torch-only copy a partial of them gets)
+_REPLAYED = {
+    f"{WRAP}.size_based_auto_wrap_policy": (None, SIZE_HELPER),
+    f"{WRAP}.lambda_auto_wrap_policy": ({"lambda_fn"}, LAMBDA_HELPER),
+    f"{WRAP}._or_policy": ({"policies"}, OR_HELPER),
+}
+_BUILDERS = ("builtins.set", "builtins.list", "builtins.tuple", "builtins.frozenset")
 
 
 class SettingsWhereDefined(Rule):
@@ -43,7 +54,8 @@ class SettingsWhereDefined(Rule):
         ctx = self.ctx
         if ctx.is_covered([id(n) for n in ctx.stack]) or not self._convertible(node):
             return
-        if ctx.program.setting(node):
+        reads = frozenset({"policies"}) if self._replayed(node) and self._replayed(node)[0] == OR_HELPER else frozenset()
+        if ctx.program.setting(node, reads):
             self._converted[id(node)] = self._form(node)
             ctx.mark_handled(node)
 
@@ -54,14 +66,15 @@ class SettingsWhereDefined(Rule):
         ctx = self.ctx
         if ctx.matches(node.func, MIXED_PRECISION):
             return not any(arg.star for arg in node.args)
-        return self._classes(node) is not None or self._size_based(node) is not None
+        return self._classes(node) is not None or self._replayed(node) is not None
 
     def _form(self, node: cst.Call) -> cst.BaseExpression:
         if self.ctx.matches(node.func, MIXED_PRECISION):
             return node.with_changes(func=cst.Name(self.ctx.add_helper(HELPER)))
         classes = self._classes(node)
         if classes is None:
-            return call(node.func, cst.Name(self.ctx.add_helper(SIZE_HELPER)), **self._size_based(node))
+            helper, options = self._replayed(node)
+            return call(node.func, cst.Name(self.ctx.add_helper(helper)), **options)
         if isinstance(classes, (cst.Set, cst.List, cst.Tuple)):
             return cst.Tuple([cst.Element(element.value) for element in classes.elements])
         return call("tuple", classes)
@@ -78,20 +91,26 @@ class SettingsWhereDefined(Rule):
             classes = arguments.get(keyword) if keyword is not None and arguments is not None and set(arguments) == {keyword} else None
         else:
             return None
-        if isinstance(classes, (cst.Set, cst.List, cst.Tuple)) and not classes.elements:
-            return None
-        if isinstance(classes, (cst.Set, cst.List, cst.Tuple)) and any(isinstance(e, cst.StarredElement) for e in classes.elements):
-            return None
+        if isinstance(classes, cst.Call) and ctx.matches(classes.func, *_BUILDERS) and len(classes.args) == 1:
+            arg = classes.args[0]  # `set([A, B])`, `set(names)`: the classes inside
+            classes = None if arg.keyword or arg.star else arg.value
+        if isinstance(classes, (cst.Set, cst.List, cst.Tuple)):
+            if not classes.elements or any(isinstance(e, cst.StarredElement) for e in classes.elements):
+                return None
         return classes
 
-    def _size_based(self, node: cst.Call) -> dict | None:
-        """The options of `partial(size_based_auto_wrap_policy, ...)`."""
+    def _replayed(self, node: cst.Call) -> tuple[str, dict] | None:
+        """(the torch-only copy, the options) of `partial(<an FSDP1 policy function>, ...)`."""
         ctx = self.ctx
         if not (ctx.matches(node.func, PARTIAL) and node.args and not node.args[0].keyword and not node.args[0].star):
             return None
-        if not ctx.matches(node.args[0].value, f"{WRAP}.size_based_auto_wrap_policy"):
-            return None
-        return _keywords(node.args[1:])
+        for qualified, (allowed, helper) in _REPLAYED.items():
+            if ctx.matches(node.args[0].value, qualified):
+                options = _keywords(node.args[1:])
+                if options is None or allowed is not None and set(options) != allowed:
+                    return None
+                return helper, options
+        return None
 
 
 def _keywords(args, positional: tuple = ()) -> dict | None:
