@@ -77,7 +77,7 @@ def test_settings_that_also_reach_a_constructor_that_stays_stay_fsdp1():
     [
         b"from pkg.policies import bf16\n\nprint(bf16.param_dtype)\n",  # an attribute read: FSDP1's object expected
         b"from pkg.policies import bf16\nfrom accelerate import FullyShardedDataParallelPlugin\n\nFullyShardedDataParallelPlugin(mixed_precision_policy=bf16)\n",
-        b"import pkg.policies\n\nprint(pkg.policies.bf16)\n",  # a module attribute: not followed
+        b"import pkg.policies\n\nprint(pkg.policies.bf16.param_dtype)\n",  # through the module: followed, then read
         b"from pkg.policies import bf16\n\nPOLICIES = {'bf16': bf16}\n",  # a container
     ],
 )
@@ -185,3 +185,15 @@ def test_an_or_policy_nothing_reads_keeps_its_policies_while_the_program_keeps_f
 def test_a_setting_nothing_reads_converts_in_a_program_without_fsdp1_constructors():
     out = _rewrite({"pkg/policies.py": b"import torch\nfrom torch.distributed.fsdp import MixedPrecision\n\nfp32 = MixedPrecision(param_dtype=torch.float32)\n"})
     assert "fp32 = fsdp2_mixed_precision(param_dtype=torch.float32)" in out["pkg/policies.py"]
+
+
+def test_a_setting_read_as_an_attribute_of_its_imported_package_is_followed():
+    files = {
+        "policies/__init__.py": b"from .mixed import *\n",
+        "policies/mixed.py": b"import torch\nfrom torch.distributed.fsdp import MixedPrecision\n\nbf16 = MixedPrecision(param_dtype=torch.bfloat16)\n",
+        "train.py": b"from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\nimport policies\n\n\ndef main(m):\n    return FSDP(m, mixed_precision=policies.bf16)\n",
+    }
+    position = _position_of(files["policies/mixed.py"], b"MixedPrecision(param")
+    assert _flow(files).sinks("policies/mixed.py", position) == {Sink("train.py", (6, 12), "mixed_precision")}
+    files["train.py"] += b"\n\ndef other(cfg):\n    return cfg.bf16\n"  # an attribute of something else: it may be ours
+    assert _flow(files).sinks("policies/mixed.py", position) is None

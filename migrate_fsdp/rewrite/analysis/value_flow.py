@@ -185,7 +185,17 @@ class ValueFlow:
                 if isinstance(node, cst.Name) and node.value == name and id(node) not in handled:
                     self._stray(other, ctx, node, ancestors, path, read)
                 elif isinstance(node, cst.Attribute) and node.attr.value == name:
-                    raise _OutOfSight  # `policies.bf16`: a module's attribute, or anything's
+                    self._attribute(other, ctx, node, path, read)
+
+    def _attribute(self, path: str, ctx, node: cst.Attribute, defined: str, read) -> None:
+        """`policies.bf16`: a read of the definition when `policies` is an imported module of the program defining it."""
+        names = ctx.qualified_names(node)
+        if len(names) != 1:
+            raise _OutOfSight
+        module = next(iter(names)).rpartition(".")[0]
+        if not module or self._module_defines(path, module, node.attr.value) != defined:
+            raise _OutOfSight  # an attribute of anything else: its object may be ours
+        read(path, node)
 
     def _stray(self, path: str, ctx, node: cst.Name, ancestors, defined: str, read) -> None:
         """A name spelt like the definition, not read through an import of it: another binding, or a star import's."""
@@ -217,6 +227,10 @@ class ValueFlow:
     def _defined_in(self, path: str, imported: cst.ImportFrom, name: str, depth: int = 0) -> str | None:
         """The program file that defines `name` as `imported` (in `path`) finds it, following re-exports."""
         module = "." * len(imported.relative) + (dotted(imported.module) if imported.module is not None else "")
+        return self._module_defines(path, module, name, depth)
+
+    def _module_defines(self, path: str, module: str, name: str, depth: int = 0) -> str | None:
+        """The program file that defines `name` of `module` as `path` imports it, following re-exports."""
         candidates = self.calls.module_paths(path, module)
         if len(candidates) != 1:
             if candidates:
