@@ -12,9 +12,12 @@ an attribute read) the FSDP1 object must stay what it is.
 The value is followed forward: through assignments to a plain name,
 conditional and boolean expressions, `return` (also as an element of a
 returned tuple that the caller unpacks), every call of the function that
-returns it (in its file, or imported by another module), and every import of
-a module-level name (also through a package's star re-exports). Printing it
-is harmless. Anything else it meets means it may reach code out of sight.
+returns it (in its file, or imported by another module), every import of a
+module-level name (also through a package's star re-exports) and read
+through an imported module (`policies.bf16`), and into a keyword argument
+(a constructor's, or an `_or_policy`'s `policies=[...]`: decide judges them).
+Printing it is harmless. Anything else it meets means it may reach code out
+of sight.
 """
 
 from dataclasses import dataclass
