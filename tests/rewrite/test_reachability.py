@@ -90,3 +90,27 @@ def test_a_function_reachable_without_its_name_holds_its_models_back(decorator):
         ckpt = ckpt.replace(b"@staticmethod\ndef", b"@staticmethod\n    def")
     files = {"pkg/__init__.py": b"", "pkg/train.py": TRAIN, "pkg/ckpt.py": ckpt % b"register = Callback = object\n"}
     assert not _constructor_converts(files)
+
+
+ENTRY = b'''import functools
+
+import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+
+def build_wrapper():
+    return functools.partial(FSDP, auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}), device_id=torch.device("cpu"))
+
+
+def main():
+    model = build_wrapper()(torch.nn.Sequential(torch.nn.Linear(8, 8)))
+    model(torch.randn(4, 8)).sum().backward()
+    return model.clip_grad_norm_(1.0)
+'''
+
+
+def test_an_entry_point_nobody_names_still_meets_the_models_it_builds_itself():
+    """`main()` run as a console script: never named, but its model comes from a factory, not a parameter."""
+    out = rewrite_program([ParsedFile(ENTRY, "train.py", Selection.from_prefixes(None, None), True)])[0].new_source
+    assert b"fully_shard" not in out and b"model.clip_grad_norm_(1.0)" in out

@@ -87,3 +87,40 @@ def test_resolution_prefers_the_callers_directory_and_follows_relative_imports()
     assert calls.reach("b/pkg/train.py", Remote(".steps.step", 0, None)) is None  # handed on to a method: out of sight
     assert calls.reach("b/pkg/train.py", Remote(".steps.step", None, "model")) is None
     assert calls.reach("b/pkg/train.py", Remote(".missing.step", 0, None)) is None
+
+
+FACTORY = b'''import functools
+
+import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+
+def save(model):
+    if isinstance(model, FSDP):
+        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(rank0_only=True)):
+            return model.state_dict()
+    return model.state_dict()
+
+
+def main():
+    wrapper = functools.partial(FSDP, auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}), device_id=torch.device("cpu"))
+    model = wrapper(torch.nn.Linear(4, 4))
+    return save(model)
+'''
+
+KEEPS_FSDP1 = b'''from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+
+def build(module, table, name):
+    return FSDP(module, mixed_precision=table[name])
+'''
+
+
+def test_the_model_a_factory_makes_is_followed_where_it_goes():
+    """A model from `wrapper(net)` handed to `save`: its FSDP1 code converts with the factory, or both stay."""
+    alone = _rewrite({"train.py": FACTORY})["train.py"]
+    assert "fully_shard" in alone and "isinstance(model, FSDPModule)" in alone
+    together = _rewrite({"train.py": FACTORY, "other.py": KEEPS_FSDP1})["train.py"]
+    assert "fully_shard" not in together and "isinstance(model, FSDP):" in together

@@ -73,8 +73,9 @@ def escapes(ctx, call: cst.Call, stack) -> Reach | None:
         return None  # a module-level model can be imported by any file
     callees: set[str] = set()
     remotes: set[Remote] = set()
+    makes_models = ctx.matches(call.func, "functools.partial")  # a factory: each call of it builds a model
     try:
-        _follow(ctx, function, target, callees, seen=set(), remotes=remotes)
+        _follow(ctx, function, target, callees, seen=set(), remotes=remotes, makes_models=makes_models)
     except Escape:
         return None
     return Reach(frozenset(callees), frozenset(remotes))
@@ -93,8 +94,9 @@ def parameter_reach(ctx, function: cst.FunctionDef, index: int | None, keyword: 
     return Reach(frozenset(callees))
 
 
-def _follow(ctx, function: cst.FunctionDef, name: cst.Name, callees: set[str], seen: set[int], remotes) -> None:
-    """Every read of `name` (bound in `function`) in that function keeps the model in sight, or raises Escape."""
+def _follow(ctx, function: cst.FunctionDef, name: cst.Name, callees: set[str], seen: set[int], remotes, makes_models=False) -> None:
+    """Every read of `name` (bound in `function`) in that function keeps the model in sight, or raises Escape.
+    `makes_models`: `name` is a `functools.partial(FSDP, ...)` factory, and so are the models its calls make."""
     assignment = next(
         (a for a in assignments_of(ctx.scope(name), name.value) if a.node is name or getattr(a.node, "name", None) is name),
         None,
@@ -110,16 +112,19 @@ def _follow(ctx, function: cst.FunctionDef, name: cst.Name, callees: set[str], s
             continue
         if index < bound and not any(id(n) in loops for n in ancestors):
             continue  # read before the binding, and not again after it in a loop: an earlier value (scopes ignore order)
-        _read(ctx, node, ancestors, callees, seen, remotes)
+        _read(ctx, node, ancestors, callees, seen, remotes, function if makes_models else None)
 
 
-def _read(ctx, name: cst.Name, ancestors, callees: set[str], seen: set[int], remotes) -> None:
+def _read(ctx, name: cst.Name, ancestors, callees: set[str], seen: set[int], remotes, factory_in=None) -> None:
     """This read of the model keeps it in sight (`model(x)`, `model.parameters()`, a function of this file), or
-    raises Escape. `remotes`: where calls into other modules are collected; None: such a call is out of sight."""
+    raises Escape. `remotes`: where calls into other modules are collected; None: such a call is out of sight.
+    `factory_in`: the function where `name` is a factory; the model each of its calls makes is followed there."""
     parent = ancestors[-1] if ancestors else None
     if isinstance(parent, cst.Attribute) and parent.value is name:
         return
     if isinstance(parent, cst.Call) and parent.func is name:
+        if factory_in is not None:
+            _made(ctx, factory_in, parent, ancestors[:-1], callees, seen, remotes)
         return
     if isinstance(parent, cst.Arg) and len(ancestors) >= 2 and isinstance(ancestors[-2], cst.Call):
         call = ancestors[-2]
@@ -129,7 +134,7 @@ def _read(ctx, name: cst.Name, ancestors, callees: set[str], seen: set[int], rem
         if binding is None:
             raise Escape
         callee = _local_function(ctx, call.func)
-        if callee is None and remotes is not None:
+        if callee is None and remotes is not None and factory_in is None:
             remotes.add(Remote(_remote_name(ctx, call), *binding))
             return
         parameter = _parameter(callee, *binding) if callee is not None else None
@@ -138,10 +143,25 @@ def _read(ctx, name: cst.Name, ancestors, callees: set[str], seen: set[int], rem
         callees.add(callee.name.value)
         if id(parameter) not in seen:
             seen.add(id(parameter))
-            _follow(ctx, callee, parameter, callees, seen, remotes)
+            _follow(ctx, callee, parameter, callees, seen, remotes, makes_models=factory_in is not None)
         return
     if not isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.If, cst.BooleanOperation, cst.UnaryOperation)):
         raise Escape
+
+
+def _made(ctx, function: cst.FunctionDef, call: cst.Call, ancestors, callees: set[str], seen: set[int], remotes) -> None:
+    """`model = wrapper(net)` of a factory: the model is followed as one FSDP(...) built; used otherwise, it escapes."""
+    holder = ancestors[-1] if ancestors else None
+    if isinstance(holder, cst.Expr):
+        return
+    if not (isinstance(holder, cst.Assign) and holder.value is call and len(holder.targets) == 1):
+        raise Escape
+    target = holder.targets[0].target
+    if not isinstance(target, cst.Name):
+        raise Escape
+    if id(target) not in seen:
+        seen.add(id(target))
+        _follow(ctx, function, target, callees, seen, remotes)
 
 
 def _binding(call: cst.Call, arg: cst.Arg) -> tuple[int | None, str | None] | None:

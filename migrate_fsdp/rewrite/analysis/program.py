@@ -48,6 +48,7 @@ class Use:
     ties: frozenset  # positions of the file's constructors whose model reaches the use
     untied: bool
     function: str = ""  # the innermost function holding the use
+    handed_in: bool = True  # its model may be a parameter of that function (else the function finds it itself)
     sites: frozenset = frozenset()  # (path, Position) of every constructor of the program reaching it (decide fills it)
 
 
@@ -124,8 +125,10 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     loose = {u.function for f in facts for u in (*f.uses.values(), *f.staying.values()) if u.untied and not u.sites}
     dead = unnamed(loose, {f.path: f.declared for f in facts}, sources) if sources else set()
 
-    def reachable(use) -> bool:  # a use in a function nobody calls meets no model of the program
-        return use.untied and (use.sites or use.function not in dead)
+    def reachable(use) -> bool:
+        # A use on a parameter of a function nobody calls meets no model of the program; one whose function
+        # finds its model itself (a factory, a global) may run from outside: an entry point run by name.
+        return use.untied and (use.sites or use.function not in dead or not use.handed_in)
 
     untied = sorted(f.path for f in facts for use in f.uses.values() if reachable(use))
     untied_staying = sorted(f.path for f in facts for use in f.staying.values() if reachable(use))
@@ -298,7 +301,7 @@ class Gate:
         if not ties and (unsure or _takes_an_fsdp1_model(self.ctx, node)):
             untied = True
         if ties or untied:
-            self.facts.staying[(self.ctx.position(node), code)] = Use(code, frozenset(ties), untied, _function(stack))
+            self.facts.staying[(self.ctx.position(node), code)] = Use(code, frozenset(ties), untied, _function(stack), _handed_in(node, stack))
 
     def _origins(self, node, stack) -> tuple[set, bool, bool]:
         """(positions of the constructors, a model out of sight, an FSDP2 module) that may reach `node`."""
@@ -325,12 +328,23 @@ class Gate:
                 return Denial(None, "an FSDP2 module's own method: nothing of FSDP1 to convert")
             return None  # FSDP1 API called on an FSDP2 module: its FSDP2 form is what works
         key = (ctx.position(node), code)
-        self.facts.uses[key] = Use(code, frozenset(ties), untied or not ties, _function(stack))
+        self.facts.uses[key] = Use(code, frozenset(ties), untied or not ties, _function(stack), _handed_in(node, stack))
         return self.verdict.denied.get(key) if self.verdict is not None else None
 
 
 def _function(stack) -> str:
     return next((n.name.value for n in reversed(stack) if isinstance(n, cst.FunctionDef)), "")
+
+
+def _handed_in(node, stack) -> bool:
+    """Whether a name in `node` is a parameter of the innermost function holding it."""
+    function = next((n for n in reversed(stack) if isinstance(n, cst.FunctionDef)), None)
+    if function is None:
+        return False
+    params = function.params
+    names = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+    names |= {p.name.value for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)}
+    return any(isinstance(child, cst.Name) and child.value in names for child, _ in walk(node))
 
 
 def _takes_an_fsdp1_model(ctx, node) -> bool:
