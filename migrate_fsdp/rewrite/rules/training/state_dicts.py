@@ -30,6 +30,7 @@ reported instead.
 from dataclasses import dataclass, field
 
 import libcst as cst
+from libcst.metadata import GlobalScope
 
 from migrate_fsdp.rewrite.rule import FSDP2_MODELS, OPTIMIZER_STATE
 from migrate_fsdp.rewrite.rules.training.base import RemovesStatements, bind, literal_bool
@@ -85,11 +86,13 @@ _CONFIGS = {
 
 @dataclass(frozen=True)
 class Settings:
+    """The state-dict type in force and its configs' flags: each True, False, or an expression read at run time."""
+
     kind: str = FULL
-    model_offload: bool = False
-    model_rank0: bool = False
-    optim_offload: bool = True
-    optim_rank0: bool = False
+    model_offload: object = False
+    model_rank0: object = False
+    optim_offload: object = True
+    optim_rank0: object = False
 
 
 DEFAULT_SETTINGS = Settings()
@@ -252,11 +255,40 @@ class StateDictPlan:
         if bound is None:
             return f"arguments of `{self.ctx.code(call)}` not understood"
         offload_default = for_optim and kind != LOCAL
-        offload = literal_bool(bound["offload_to_cpu"].value) if "offload_to_cpu" in bound else offload_default
-        rank0 = literal_bool(bound["rank0_only"].value) if "rank0_only" in bound else False
-        if offload is None or rank0 is None:
-            return f"`{' '.join(self.ctx.code(call).split())}` has values known only at run time; write True/False"
-        return kind, for_optim, offload, rank0
+        flags = []
+        for name, default in (("offload_to_cpu", offload_default), ("rank0_only", False)):
+            value = bound[name].value if name in bound else None
+            flag = default if value is None else literal_bool(value)
+            if flag is None and self._read_again(value, moved=call is not node):
+                flag = value  # evaluated where the FSDP2 call is, to the same value
+            if flag is None:
+                return (
+                    f"`{' '.join(self.ctx.code(call).split())}` has a value known only at run time that cannot be "
+                    "read again where the state dict is taken; write True/False"
+                )
+            flags.append(flag)
+        return (kind, for_optim, *flags)
+
+    def _read_again(self, value, moved: bool) -> bool:
+        """Whether `value` (`cfg.offload`, `torch.cuda.is_available()`) gives the same where the config is used:
+        no side effects, and, for a config defined at module level and used in functions, only global names."""
+        if isinstance(value, cst.Call):
+            torch_call = all(q.startswith("torch.") for q in self.ctx.qualified_names(value.func)) and self.ctx.qualified_names(value.func)
+            if not torch_call or any(arg.star or not isinstance(arg.value, (cst.SimpleString, cst.Integer, cst.Name)) for arg in value.args):
+                return False
+            value = value.func
+        root = value
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        if not isinstance(root, cst.Name):
+            return False
+        if not moved:
+            return True
+        scope = self.ctx.scope(value)
+        if scope is None or not isinstance(scope, GlobalScope):
+            return True  # a config of the function itself, used in that function
+        assignments = assignments_of(scope, root.value)
+        return bool(assignments) and all(a.scope is scope for a in assignments)
 
     def _single_value(self, name: cst.Name):
         assignments = assignments_of(self.ctx.scope(name), name.value)
@@ -498,15 +530,16 @@ class Builder:
             all_args.append(options)
         return cst.Call(func=cst.Name(name), args=_commas(all_args))
 
-    def get_full(self, function: str, args: list, offload: bool, rank0: bool) -> cst.Call:
-        """A FULL state dict with FSDP1's `offload_to_cpu` / `rank0_only` reproduced exactly."""
-        if offload == rank0:
+    def get_full(self, function: str, args: list, offload, rank0) -> cst.Call:
+        """A FULL state dict with FSDP1's `offload_to_cpu` / `rank0_only` reproduced exactly (each True, False,
+        or an expression read at run time, which the gathering helper takes)."""
+        if isinstance(offload, bool) and offload is rank0:
             return self.call(function, args, self.options(full_state_dict=True, cpu_offload=offload))
         sharded = self.call(function, args, None)
         helper = self.ctx.add_helper(GATHER_HELPER_NAME)
         flags = [
-            cst.Arg(cst.Name(str(offload)), keyword=cst.Name("offload_to_cpu"), equal=_NO_SPACE_EQUAL),
-            cst.Arg(cst.Name(str(rank0)), keyword=cst.Name("rank0_only"), equal=_NO_SPACE_EQUAL),
+            cst.Arg(_flag(offload), keyword=cst.Name("offload_to_cpu"), equal=_NO_SPACE_EQUAL),
+            cst.Arg(_flag(rank0), keyword=cst.Name("rank0_only"), equal=_NO_SPACE_EQUAL),
         ]
         return cst.Call(func=cst.Name(helper), args=_commas([cst.Arg(sharded), *flags]))
 
@@ -523,6 +556,10 @@ def _holders(model: str | None) -> set[str]:
     """`a` and `a.b` for the model `a.b.c`: objects through which other code reaches the model."""
     parts = (model or "").split(".")
     return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def _flag(value) -> cst.BaseExpression:
+    return cst.Name(str(value)) if isinstance(value, bool) else value
 
 
 def _text(value) -> str:
