@@ -111,6 +111,9 @@ def main():
 
 
 def test_an_entry_point_nobody_names_still_meets_the_models_it_builds_itself():
-    """`main()` run as a console script: never named, but its model comes from a factory, not a parameter."""
-    out = rewrite_program([ParsedFile(ENTRY, "train.py", Selection.from_prefixes(None, None), True)])[0].new_source
+    """`main()` run as a console script: never named, but its model comes from a factory, not a parameter (a
+    program with DDP too, so `model.clip_grad_norm_` may not be FSDP1's)."""
+    ddp = b"from torch.nn.parallel import DistributedDataParallel\n\n\ndef wrap(m):\n    return DistributedDataParallel(m)\n"
+    files = [ParsedFile(data, path, Selection.from_prefixes(None, None), True) for path, data in (("train.py", ENTRY), ("ddp.py", ddp))]
+    out = rewrite_program(files)[0].new_source
     assert b"fully_shard" not in out and b"model.clip_grad_norm_(1.0)" in out

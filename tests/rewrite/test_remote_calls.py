@@ -52,11 +52,21 @@ def test_a_model_handed_to_another_module_converts_with_the_fsdp1_code_there():
     assert "fsdp2_no_sync(model)" in out["pkg/loop.py"]
 
 
+DDP_RUN = b"from torch.nn.parallel import DistributedDataParallel as DDP\n\n\ndef wrap(module):\n    return DDP(module)\n"
+
+
 def test_fsdp1_code_there_that_cannot_tell_its_model_holds_the_model_back():
-    """`model.no_sync()` on a parameter nothing says is FSDP's (DDP has it too) stays, and so does the model."""
-    out = _rewrite({"pkg/train.py": TRAIN, "pkg/loop.py": LOOP % b""})
+    """`model.no_sync()` on a parameter nothing says is FSDP's, in a program that also uses DDP (which has it
+    too), stays, and so does the model."""
+    out = _rewrite({"pkg/train.py": TRAIN, "pkg/loop.py": LOOP % b"", "pkg/ddp.py": DDP_RUN})
     assert "fully_shard" not in out["pkg/train.py"]
     assert "model.no_sync()" in out["pkg/loop.py"]
+
+
+def test_in_a_program_where_nothing_else_has_no_sync_an_unknown_receiver_is_an_fsdp1_model():
+    out = _rewrite({"pkg/train.py": TRAIN, "pkg/loop.py": LOOP % b""})
+    assert "fully_shard(module" in out["pkg/train.py"]
+    assert "fsdp2_no_sync(model)" in out["pkg/loop.py"]
 
 
 def test_a_model_the_other_module_hands_on_out_of_sight_stays():

@@ -21,6 +21,7 @@ wrong, so the rewrite runs in two steps:
    verdict (`Gate`), so no file is parsed twice.
 """
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -49,6 +50,7 @@ class Use:
     untied: bool
     function: str = ""  # the innermost function holding the use
     handed_in: bool = True  # its model may be a parameter of that function (else the function finds it itself)
+    unsure: bool = False  # shaped like FSDP1's method on a receiver nothing is known of (`model.no_sync()`)
     sites: frozenset = frozenset()  # (path, Position) of every constructor of the program reaching it (decide fills it)
 
 
@@ -83,11 +85,12 @@ class Verdict:
     blocked: dict = field(default_factory=dict)  # constructor Position -> why it stays FSDP1
     denied: dict = field(default_factory=dict)  # (Position, code) -> Denial
     settings: set = field(default_factory=set)  # Positions of FSDP1 settings' definitions that take their FSDP2 form
+    fsdp1_receivers: bool = False  # unknown receivers of FSDP1-shaped methods are FSDP1 models: nothing else has them
     builds_fsdp1: bool = False  # another file of the program uses torch's FSDP1
     assumed: bool = False  # the first rewrite assumed the program builds FSDP1 models; it builds none
 
     def __bool__(self) -> bool:
-        return bool(self.blocked or self.denied or self.settings or self.builds_fsdp1 or self.assumed)
+        return bool(self.blocked or self.denied or self.settings or self.fsdp1_receivers or self.builds_fsdp1 or self.assumed)
 
 
 def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -> dict[str, Verdict]:
@@ -110,6 +113,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
 
     remote_calls = RemoteCalls(sources or {})
     _tie_handed_on(facts, remote_calls)
+    adopted = _adopt_unsure_receivers(facts, sources or {})
     for file in facts:
         for use in file.uses.values():
             sites = sorted(use.sites)
@@ -151,7 +155,11 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     first_kept = min(kept or kept_for_uses) if kept or kept_for_uses else None  # a root cause first
     builds_fsdp1 = any(f.imports_fsdp1 or f.constructors for f in facts)
     for file in facts:
-        verdict = Verdict(builds_fsdp1=builds_fsdp1 and file.asked_about_fsdp1, assumed=file.asked_about_fsdp1 and not builds_fsdp1)
+        verdict = Verdict(
+            builds_fsdp1=builds_fsdp1 and file.asked_about_fsdp1,
+            assumed=file.asked_about_fsdp1 and not builds_fsdp1,
+            fsdp1_receivers=file.path in adopted,
+        )
         for position, converts in file.constructors.items():
             site = (file.path, position)
             blocker = cause.get(find(site))
@@ -175,6 +183,28 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         verdicts[file.path] = verdict
     _convert_settings(facts, verdicts, ValueFlow(remote_calls))
     return {path: verdict for path, verdict in verdicts.items() if verdict}
+
+
+# What else gives models `no_sync()` or `clip_grad_norm_(max_norm)`: DDP, and the libraries that wrap models in it
+# or have their own.
+_OTHER_PROVIDERS = re.compile(rb"DistributedDataParallel|\bDDP\b|deepspeed|fairscale|\baccelerate\b|lightning|megatron|colossalai", re.I)
+
+
+def _adopt_unsure_receivers(facts: list[FileFacts], sources: Mapping[str, bytes]) -> set[str]:
+    """Files whose `model.no_sync()` / `model.clip_grad_norm_(1.0)` on a receiver nothing is known of must be an
+    FSDP1 model's: the program builds FSDP1 models and nothing else in it provides those methods. Such a call is
+    then an untied use (it converts with the program's models) rather than one that stays."""
+    unsure = [f for f in facts if any(use.unsure for use in f.staying.values())]
+    if not unsure or not any(f.imports_fsdp1 or f.constructors for f in facts):
+        return set()
+    if any(_OTHER_PROVIDERS.search(sources[path]) for path in sources):
+        return set()
+    for file in unsure:
+        for key, use in list(file.staying.items()):
+            if use.unsure:
+                del file.staying[key]
+                file.uses[key] = use
+    return {file.path for file in unsure}
 
 
 def _convert_settings(facts: list[FileFacts], verdicts: dict[str, Verdict], flow: ValueFlow) -> None:
@@ -279,6 +309,10 @@ class Gate:
         self.facts.settings[position] = reads
         return self.verdict is not None and position in self.verdict.settings
 
+    def receivers_are_fsdp1(self) -> bool:
+        """Whether the program decided that unknown receivers of FSDP1-shaped methods are FSDP1 models."""
+        return self.verdict is not None and self.verdict.fsdp1_receivers
+
     def may_build_fsdp1(self) -> bool:
         """Whether a model this file cannot see may be torch's FSDP1 model: only when the program
         uses torch's FSDP1 somewhere (a `.no_sync()` in a DDP, fairscale or Megatron program is theirs)."""
@@ -301,7 +335,8 @@ class Gate:
         if not ties and (unsure or _takes_an_fsdp1_model(self.ctx, node)):
             untied = True
         if ties or untied:
-            self.facts.staying[(self.ctx.position(node), code)] = Use(code, frozenset(ties), untied, _function(stack), _handed_in(node, stack))
+            use = Use(code, frozenset(ties), untied, _function(stack), _handed_in(node, stack), unsure=unsure and not ties)
+            self.facts.staying[(self.ctx.position(node), code)] = use
 
     def _origins(self, node, stack) -> tuple[set, bool, bool]:
         """(positions of the constructors, a model out of sight, an FSDP2 module) that may reach `node`."""

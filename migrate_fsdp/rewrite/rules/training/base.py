@@ -115,10 +115,12 @@ class TrainingRule(Rule):
 
     def model_method_receiver_kind(self, func: cst.Attribute) -> Kind:
         """`receiver_kind` for a method only FSDP1 models have among modules (`clip_grad_norm_(max_norm)`,
-        `no_sync()`): a receiver of unknown origin in a branch a guard naming FSDP takes (`if cfg.enable_fsdp:`)
-        is taken for an FSDP model, of a program that builds FSDP1 models."""
+        `no_sync()`): a receiver of unknown origin in a branch a guard naming FSDP takes (`if cfg.enable_fsdp:`),
+        or anywhere in a program where nothing else has those methods (no DDP), is taken for an FSDP model, of a
+        program that builds FSDP1 models."""
         kind = self.receiver_kind(func)
-        if kind is Kind.UNKNOWN and in_fsdp_branch(self.ctx.stack) and self.ctx.program.may_build_fsdp1():
+        program = self.ctx.program
+        if kind is Kind.UNKNOWN and (in_fsdp_branch(self.ctx.stack) or program.receivers_are_fsdp1()) and program.may_build_fsdp1():
             return Kind.FSDP
         return kind
 
