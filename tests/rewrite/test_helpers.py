@@ -34,6 +34,7 @@ def test_the_rewrite_uses_every_helper_file():
         auto_wrap_policy.OR_HELPER,
         forward_prefetch.HELPER,
         mesh.SHARDING_HELPER,
+        mesh.HYBRID_MESH_HELPER,
         mixed_precision.HELPER,
         settings_where_defined.HELPER,
         settings_where_defined.LAMBDA_HELPER,
@@ -196,3 +197,14 @@ def test_lambda_and_or_policies_defined_in_fsdp2_form_pick_what_fsdp1s_picked():
     )
     ours = functools.partial(helper("_fsdp1_or_policy"), policies=[lambda_policy, (nn.ReLU,)])
     assert targets(model, ours) == targets(model, fsdp1) == [model[0][1], model[1]]
+
+
+def test_sharding_counts_fsdp1s_nodes_with_the_device_handle_of_the_device_type(monkeypatch):
+    """FSDP1's HYBRID_SHARD without a mesh builds (world // devices per node, devices per node) from the module's
+    device handle: `torch.cpu.device_count()` is 1, so a CPU run replicates over every rank."""
+    sharding = importlib.import_module("migrate_fsdp.rewrite.helpers._fsdp1_sharding")
+    built = []
+    monkeypatch.setattr(sharding, "get_world_size", lambda: 2)
+    monkeypatch.setattr(sharding, "init_device_mesh", lambda device, shape, **names: built.append((device, shape)) or "mesh")
+    assert sharding._fsdp1_sharding("HYBRID_SHARD", "cpu") == {"mesh": "mesh"}
+    assert built == [("cpu", (2, 1))]

@@ -4,6 +4,8 @@ import torch
 from torch.distributed import get_world_size
 from torch.distributed.device_mesh import init_device_mesh
 
+from migrate_fsdp.rewrite.helpers._fsdp1_hybrid_mesh import _fsdp1_hybrid_mesh
+
 
 def _fsdp1_sharding(strategy, device_type=None, mesh=None):
     """fully_shard's mesh and reshard_after_forward for FSDP1's sharding_strategy (a member or its name).
@@ -18,8 +20,10 @@ def _fsdp1_sharding(strategy, device_type=None, mesh=None):
     device_type = device_type or torch.accelerator.current_accelerator().type
     world_size = get_world_size()
     if name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2") and mesh is None:
-        per_node = torch.accelerator.device_count()
+        per_node = torch.get_device_module(device_type).device_count()  # FSDP1's device handle: 1 for CPU
         mesh = init_device_mesh(device_type, (world_size // per_node, per_node), mesh_dim_names=("replicate", "shard"))
+    elif name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+        mesh = _fsdp1_hybrid_mesh(mesh)
     elif name == "NO_SHARD":
         if mesh is not None:
             raise NotImplementedError("NO_SHARD over a given device mesh: pass fully_shard a 2-D (replicate, 1) mesh")

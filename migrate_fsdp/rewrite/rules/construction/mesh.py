@@ -2,7 +2,8 @@
 
 fully_shard takes one DeviceMesh: 1-D to shard over it, 2-D to replicate over
 dim 0 and shard over dim 1 (HSDP), which is also how FSDP1 reads a 2-D
-`device_mesh` (`_init_process_group_state_for_hybrid_shard`). A process group
+`device_mesh` (`_init_process_group_state_for_hybrid_shard`; fully_shard wants
+those dims named, so an unnamed one is rebuilt with the names). A process group
 becomes `DeviceMesh.from_group`. Without either, FSDP1 shards over the
 default group, and for HYBRID_SHARD builds intra-node shard groups and
 inter-node replicate groups (`_init_intra_and_inter_node_groups`): the same
@@ -22,6 +23,7 @@ from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconverti
 from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID
 
 SHARDING_HELPER = "_fsdp1_sharding"
+HYBRID_MESH_HELPER = "_fsdp1_hybrid_mesh"
 
 
 class MeshRule(KeywordRule):
@@ -65,7 +67,10 @@ class MeshRule(KeywordRule):
                     "build a 2-D DeviceMesh (replicate, shard) over the same ranks and pass it as device_mesh",
                     group,
                 )
-            plan.mesh = user_mesh or self._init_mesh(plan, "(WORLD // PER_NODE, PER_NODE)", named=True)
+            if user_mesh is not None:
+                plan.mesh = call(self.ctx.add_helper(HYBRID_MESH_HELPER), user_mesh)
+            else:
+                plan.mesh = self._init_mesh(plan, "(WORLD // PER_NODE, PER_NODE)", named=True)
         elif strategy.name == "NO_SHARD":
             if group is not None or user_mesh is not None:
                 raise Unconvertible(
@@ -86,9 +91,17 @@ class MeshRule(KeywordRule):
         anchor = plan.site.node
         init = self.ctx.require_import("torch.distributed.device_mesh", "init_device_mesh")
         names = ', mesh_dim_names=("replicate", "shard")' if named else ""
+        device = device_type(self.analysis, plan)
+        # FSDP1's node size: the device count of the module's device type (`torch.cpu.device_count()` is 1)
+        if isinstance(device, cst.SimpleString) and device.evaluated_value in ("cuda", "cpu", "xpu", "mps"):
+            per_node = f"{self.analysis.names.ref(anchor, f'torch.{device.evaluated_value}.device_count')}()"
+        elif "current_accelerator" in self.ctx.module.code_for_node(device):
+            per_node = f"{self.analysis.names.ref(anchor, 'torch.accelerator.device_count')}()"
+        else:
+            per_node = expression(f"{self.analysis.names.ref(anchor, 'torch.get_device_module')}(DEVICE).device_count()", DEVICE=device)
         return expression(
             f"{init}(DEVICE, {shape}{names})",
-            DEVICE=device_type(self.analysis, plan),
+            DEVICE=device,
             WORLD=f"{self.analysis.names.ref(anchor, 'torch.distributed.get_world_size')}()",
-            PER_NODE=f"{self.analysis.names.ref(anchor, 'torch.accelerator.device_count')}()",
+            PER_NODE=per_node,
         )
