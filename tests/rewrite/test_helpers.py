@@ -42,6 +42,7 @@ def test_the_rewrite_uses_every_helper_file():
         fsdp_modules.HELPER_NAME,
         no_sync.HELPER_NAME,
         optim_state_dict.LATER_HELPER,
+        optim_state_dict.UNSHARED_HELPER,
         state_dicts.GATHER_HELPER_NAME,
     }
     assert used == set(NAMES)
@@ -208,3 +209,14 @@ def test_sharding_counts_fsdp1s_nodes_with_the_device_handle_of_the_device_type(
     monkeypatch.setattr(sharding, "init_device_mesh", lambda device, shape, **names: built.append((device, shape)) or "mesh")
     assert sharding._fsdp1_sharding("HYBRID_SHARD", "cpu") == {"mesh": "mesh"}
     assert built == [("cpu", (2, 1))]
+
+
+def test_unshared_steps_give_each_parameter_its_own_step_and_keep_the_rest():
+    step = torch.tensor(5.0)
+    moment = torch.ones(2)
+    saved = {"state": {"a": {"step": step, "exp_avg": moment}, "b": {"step": step}}, "param_groups": [{"lr": 0.1}]}
+    unshared = helper("fsdp1_unshared_steps")(saved)
+    assert unshared["state"]["a"]["step"] is not unshared["state"]["b"]["step"]
+    assert unshared["state"]["a"]["step"].item() == 5.0 and unshared["state"]["a"]["exp_avg"] is moment
+    assert unshared["param_groups"] is saved["param_groups"] and saved["state"]["a"]["step"] is step
+    assert helper("fsdp1_unshared_steps")(None) is None and helper("fsdp1_unshared_steps")({}) == {}

@@ -43,6 +43,7 @@ _LOADERS = {
     "scatter_full_optim_state_dict": (("full_optim_state_dict", "model", "optim_input", "optim", "group"), FULL, True),
     "flatten_sharded_optim_state_dict": (("sharded_optim_state_dict", "model", "optim"), SHARDED, False),
 }
+UNSHARED_HELPER = "fsdp1_unshared_steps"
 LATER_HELPER = "fsdp2_optim_state_dict_to_load"
 _TO_LOAD = ("model", "optim", "optim_state_dict", "is_named_optimizer", "load_directly", "group")
 _TO_LOAD_LEGACY = ("optim_state_dict", "model", "optim", "is_named_optimizer", "load_directly", "group")
@@ -203,12 +204,13 @@ class OptimStateDict(UsesStateDictPlan):
             )
         mode, optim = consumer
         build = Builder(self.ctx)
+        # FSDP1's saved optimizer states share `step` tensors, which FSDP2's optimizer must not (the helper says why)
+        state = build.helper_call(UNSHARED_HELPER, [self._arg(original, updated, bound, "optim_state_dict")], None)
         if mode == "later":
-            args = [self._arg(original, updated, bound, name) for name in ("model", "optim", "optim_state_dict")]
+            args = [self._arg(original, updated, bound, name) for name in ("model", "optim")] + [state]
             options = build.options(full_state_dict=kind == FULL, broadcast_from_rank0=broadcast)
             return build.helper_call(LATER_HELPER, args, options)
         model = self._arg(original, updated, bound, "model")
-        state = self._arg(original, updated, bound, "optim_state_dict")
         optim_node = self._arg(original, updated, bound, "optim") if "optim" in bound else optim
         options = build.options(full_state_dict=kind == FULL, broadcast_from_rank0=broadcast)
         call = build.call("set_optimizer_state_dict", [model, optim_node, state], options)
@@ -246,13 +248,7 @@ class OptimStateDict(UsesStateDictPlan):
             return False
         target = parent.targets[0].target
         inside = subtree_ids(parent.value)  # `osd = FSDP.optim_state_dict_to_load(model, optim, osd)` reads it too
-        references = [
-            r.node
-            for a in assignments_of(self.ctx.scope(target), target.value)
-            if a.node is target
-            for r in a.references
-            if id(r.node) not in inside
-        ]
+        references = [node for node in self._reached(statement, target) if id(node) not in inside]
         loads = self._statement_loads.get(dotted(optim_arg.value), set()) if optim_arg is not None else set()
         return bool(references) and all(id(node) in loads for node in references)
 
@@ -277,15 +273,29 @@ class OptimStateDict(UsesStateDictPlan):
         ):
             return None
         target = parent.targets[0].target
-        scope = self.ctx.scope(target)
-        assignments = [a for a in assignments_of(scope, target.value) if a.node is target]
-        references = [r for a in assignments for r in a.references]
+        references = self._reached(statement, target)
         if len(references) != 1:
             return None
-        follower = self._follower(statement, references[0].node, optim_arg)
+        follower = self._follower(statement, references[0], optim_arg)
         if follower is None:
             return None
         return "assigned", follower.body[0].value.func.value, statement, follower
+
+    def _reached(self, statement, target: cst.Name) -> list:
+        """The reads of `target` (bound by `statement`) its value may reach: scopes ignore order, so reads after
+        a later line of the same block binding the name again (`osd = FSDP.optim_state_dict(...)`) do not count."""
+        references = [r.node for a in assignments_of(self.ctx.scope(target), target.value) if a.node is target for r in a.references]
+        block = self.ctx.stack[self.ctx.stack.index(statement) - 1]
+        body = list(block.body)
+        for later in body[body.index(statement) + 1 :]:
+            rebinds = isinstance(later, cst.SimpleStatementLine) and any(
+                isinstance(small, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == target.value for t in small.targets)
+                for small in later.body
+            )
+            if rebinds:
+                end = self.ctx.position(later)
+                return [node for node in references if self.ctx.position(node) < end]
+        return references
 
     def _follower(self, statement, reference, optim_arg):
         """The later `optim.load_state_dict(osd)` line in the same block that uses `reference`."""
