@@ -32,9 +32,6 @@ SCRIPTS = sorted([*(FIXTURES / "train").glob("*/fsdp1.py"), *(FIXTURES / "constr
 # drift apart by design; `verify` holds that pair to a principled tolerance.
 # Here it must still run and stay close.
 NOT_BIT_EXACT = {"bf16_grad_accum": 2e-2}
-# FSDP1 config objects that stay by design, reported: a MixedPrecision the rewrite cannot read at the
-# call is converted at run time by the _fsdp1_mixed_precision helper.
-KEPT_CONFIG = {"runtime_mixed_precision": "MF104 MixedPrecision is FSDP1's; "}
 _STEP = re.compile(r"^step (\S+) loss (\S+)")
 
 # Runs several training scripts in one torchrun launch (each launch costs
@@ -66,8 +63,6 @@ def _rewrite(script, out_dir):
     """The rewrite of `script` in `out_dir`, and the construction diagnostics it left."""
     result = rewrite_source(script.read_bytes(), str(script))
     ours = [str(d) for d in result.diagnostics if d.code.startswith("MF1") or d.code == LEFTOVER]
-    kept = KEPT_CONFIG.get(script.parent.name)
-    ours = [line for line in ours if kept is None or kept not in line]
     if not result.diagnostics:  # nothing reported: no FSDP1 reference may remain
         leftovers = rewrite_source(result.new_source, "rewritten.py", Selection(frozenset({LEFTOVER})), todo=False)
         ours += [str(d) for d in leftovers.diagnostics]

@@ -78,7 +78,7 @@ def test_settings_that_also_reach_a_constructor_that_stays_stay_fsdp1():
         b"from pkg.policies import bf16\n\nprint(bf16.param_dtype)\n",  # an attribute read: FSDP1's object expected
         b"from pkg.policies import bf16\nfrom accelerate import FullyShardedDataParallelPlugin\n\nFullyShardedDataParallelPlugin(mixed_precision_policy=bf16)\n",
         b"import pkg.policies\n\nprint(pkg.policies.bf16.param_dtype)\n",  # through the module: followed, then read
-        b"from pkg.policies import bf16\n\nPOLICIES = {'bf16': bf16}\n",  # a container
+        b"from pkg.policies import bf16\n\nPOLICIES = {'bf16': bf16}\nchoose(POLICIES)\n",  # a container handed on
     ],
 )
 def test_a_mixed_precision_read_anywhere_else_stays(elsewhere):
@@ -197,3 +197,20 @@ def test_a_setting_read_as_an_attribute_of_its_imported_package_is_followed():
     assert _flow(files).sinks("policies/mixed.py", position) == {Sink("train.py", (6, 12), "mixed_precision")}
     files["train.py"] += b"\n\ndef other(cfg):\n    return cfg.bf16\n"  # an attribute of something else: it may be ours
     assert _flow(files).sinks("policies/mixed.py", position) is None
+
+
+def test_a_setting_in_a_table_is_followed_to_the_subscripts_that_read_it():
+    table = b'''import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
+
+PRECISION = {"fp32": None, "bf16": MixedPrecision(param_dtype=torch.bfloat16)}
+
+
+def main(module, args):
+    return FSDP(module, mixed_precision=PRECISION[args.precision], device_id=torch.device("cpu"))
+'''
+    out = _rewrite({"train.py": table})["train.py"]
+    assert '"bf16": fsdp2_mixed_precision(param_dtype=torch.bfloat16)' in out
+    assert 'mixed_precision = _fsdp1_mixed_precision(PRECISION[args.precision])' in out
+    listed = table + b"\n\ndef names():\n    return list(PRECISION)\n"  # the table read whole: it may go anywhere
+    assert '"bf16": MixedPrecision(' in _rewrite({"train.py": listed})["train.py"]

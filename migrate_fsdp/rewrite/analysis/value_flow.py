@@ -69,11 +69,11 @@ class ValueFlow:
 
     # ----- the places a value can be -------------------------------------------------
 
-    def _binding(self, path: str, name: cst.Name, found: set, seen: set) -> None:
-        """`name = value`: wherever the name is read."""
-        if (path, id(name)) in seen:
+    def _binding(self, path: str, name: cst.Name, found: set, seen: set, held: bool = False) -> None:
+        """`name = value`: wherever the name is read (`held`: the name holds a container of the value)."""
+        if (path, id(name), held) in seen:
             return
-        seen.add((path, id(name)))
+        seen.add((path, id(name), held))
         ctx = self.calls.context(path)
         scope = ctx.scope(name)
         if scope is None or isinstance(scope, ClassScope):
@@ -82,21 +82,29 @@ class ValueFlow:
         if assignment is None:
             raise _OutOfSight
         for access in assignment.references:
-            self._value(path, access.node, found, seen)
+            self._value(path, access.node, found, seen, held)
         if isinstance(scope, GlobalScope):
-            self._imported(path, name.value, lambda where, node: self._value(where, node, found, seen))
+            self._imported(path, name.value, lambda where, node: self._value(where, node, found, seen, held))
 
-    def _value(self, path: str, node: cst.CSTNode, found: set, seen: set) -> None:
-        """An expression holding the value: where does its value go?"""
-        ctx, parents = self.calls.context(path), self._parents_of(path)
+    def _value(self, path: str, node: cst.CSTNode, found: set, seen: set, held: bool = False) -> None:
+        """An expression holding the value (`held`: a dict, list or tuple with it among its values): where does
+        its value go? A container is followed only to its subscripts (`PRECISION[args.precision]`)."""
+        parents = self._parents_of(path)
         parent = parents.get(id(node))
+        if held:
+            if isinstance(parent, cst.Subscript) and parent.value is node:
+                self._value(path, parent, found, seen)
+            elif isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is node:
+                self._bound(path, parent, found, seen, held)
+            else:
+                raise _OutOfSight
+            return
         while isinstance(parent, (cst.IfExp, cst.BooleanOperation)) and getattr(parent, "test", None) is not node:
             node, parent = parent, parents.get(id(parent))
         if isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is node:
-            targets = [t.target for t in parent.targets] if isinstance(parent, cst.Assign) else [parent.target]
-            if len(targets) != 1 or not isinstance(targets[0], cst.Name):
-                raise _OutOfSight
-            self._binding(path, targets[0], found, seen)
+            self._bound(path, parent, found, seen, held)
+        elif isinstance(parent, cst.DictElement) and parent.value is node:
+            self._value(path, parents[id(parent)], found, seen, held=True)
         elif isinstance(parent, cst.Return):
             self._returned(path, parent, None, found, seen)
         elif isinstance(parent, cst.Element) and isinstance(parents.get(id(parent)), (cst.Tuple, cst.List)):
@@ -107,11 +115,17 @@ class ValueFlow:
             elif isinstance(holder, cst.Arg) and holder.value is values:  # `policies=[a, b]`: the call takes them all
                 self._argument(path, holder, found)
             else:
-                raise _OutOfSight
+                self._value(path, values, found, seen, held=True)
         elif isinstance(parent, cst.Arg) and parent.value is node:
             self._argument(path, parent, found)
         else:
             raise _OutOfSight
+
+    def _bound(self, path: str, statement, found: set, seen: set, held: bool) -> None:
+        targets = [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target]
+        if len(targets) != 1 or not isinstance(targets[0], cst.Name):
+            raise _OutOfSight
+        self._binding(path, targets[0], found, seen, held)
 
     def _argument(self, path: str, arg: cst.Arg, found: set) -> None:
         ctx, call = self.calls.context(path), self._parents_of(path).get(id(arg))

@@ -151,6 +151,17 @@ def is_reevaluable(node) -> bool:
     return isinstance(node, cst.Name)
 
 
+def is_lookup(node) -> bool:
+    """A name, attribute chain or subscript of them by such a value or a literal (`PRECISION[args.precision]`):
+    no side effect where it is evaluated, so it may be read a little earlier."""
+    if isinstance(node, cst.Subscript):
+        if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+            return False
+        index = node.slice[0].slice.value
+        return is_lookup(node.value) and (is_lookup(index) or isinstance(index, (cst.SimpleString, cst.Integer)))
+    return is_reevaluable(node)
+
+
 class Names:
     """Local names for the code a file gains: fresh variables, and torch references."""
 

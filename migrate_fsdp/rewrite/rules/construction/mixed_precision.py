@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.construction import choice
-from migrate_fsdp.rewrite.rules.construction.codegen import call, expression, grouped, is_reevaluable, string
+from migrate_fsdp.rewrite.rules.construction.codegen import call, expression, grouped, is_lookup, string
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 
 MIXED_PRECISION = "torch.distributed.fsdp.MixedPrecision"
@@ -135,7 +135,7 @@ class MixedPrecisionRule(KeywordRule):
     def _run_time(self, argument, unknown: list, branches: list) -> RunTime:
         """Converted by the helper at run time, when every branch is None or a value read again as it is written."""
         for branch in unknown:
-            if not is_reevaluable(branch.source):
+            if not is_lookup(branch.source):  # read once, into the helper, before the calls that use it
                 self._refuse(branch, argument)
         if any(isinstance(branch, Settings) for branch in branches):  # the MixedPrecision(...) written here would stay FSDP1
             self._refuse(unknown[0], argument)
