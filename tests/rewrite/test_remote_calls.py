@@ -123,8 +123,8 @@ def main():
 KEEPS_FSDP1 = b'''from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 
-def build(module, table, name):
-    return FSDP(module, mixed_precision=table[name])
+def build(module, pick, name):
+    return FSDP(module, mixed_precision=pick(name))
 '''
 
 
