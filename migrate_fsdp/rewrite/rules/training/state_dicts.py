@@ -334,12 +334,19 @@ class StateDictPlan:
             name = dotted(node)
             if name == context.model:
                 problems.append(self._region_use(context, node, parents, optim_rule_selected))
-            elif name in holders and not (parents and dotted(parents[-1]) in chain):
+            elif name in holders and not (parents and dotted(parents[-1]) in chain) and not self._handed_to_fsdp(node, parents):
                 # `trainer.save_model()` under a setting on `trainer.model`: the holder reaches the model out of sight
                 problems.append(
                     f"`{name}` holds `{context.model}` and may read the setting out of sight ({self._describe(node, parents)})"
                 )
         return next((p for p in problems if p is not None), None)
+
+    def _handed_to_fsdp(self, node, parents) -> bool:
+        """`FSDP.optim_state_dict(self.model, self.opt)`: an attribute of the holder given to FSDP's own API, which
+        keeps nothing (the holder itself reaches no other code)."""
+        if len(parents) < 3 or not (isinstance(parents[-1], cst.Attribute) and parents[-1].value is node):
+            return False
+        return isinstance(parents[-2], cst.Arg) and self._reads_only(parents[-3])
 
     def _region_use(self, context, node, parents, optim_rule_selected) -> str | None:
         parent = parents[-1] if parents else None
