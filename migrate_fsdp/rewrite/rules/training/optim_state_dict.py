@@ -282,19 +282,22 @@ class OptimStateDict(UsesStateDictPlan):
         return "assigned", follower.body[0].value.func.value, statement, follower
 
     def _reached(self, statement, target: cst.Name) -> list:
-        """The reads of `target` (bound by `statement`) its value may reach: scopes ignore order, so reads after
-        a later line of the same block binding the name again (`osd = FSDP.optim_state_dict(...)`) do not count."""
+        """The reads of `target` (bound by `statement`) its value may reach: scopes ignore order, so reads after a
+        later statement that surely binds the name again (`osd = FSDP.optim_state_dict(...)`, also in a `with`
+        block, in this block or one around it in the same function) do not count."""
         references = [r.node for a in assignments_of(self.ctx.scope(target), target.value) if a.node is target for r in a.references]
-        block = self.ctx.stack[self.ctx.stack.index(statement) - 1]
-        body = list(block.body)
-        for later in body[body.index(statement) + 1 :]:
-            rebinds = isinstance(later, cst.SimpleStatementLine) and any(
-                isinstance(small, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == target.value for t in small.targets)
-                for small in later.body
-            )
-            if rebinds:
-                end = self.ctx.position(later)
-                return [node for node in references if self.ctx.position(node) < end]
+        stack = self.ctx.stack
+        for index in range(stack.index(statement) - 1, -1, -1):
+            block = stack[index]
+            if isinstance(block, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                break
+            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+                continue
+            body = list(block.body)
+            for later in body[body.index(stack[index + 1]) + 1 :]:
+                if _binds(later, target.value):
+                    end = self.ctx.position(later)
+                    return [node for node in references if self.ctx.position(node) < end]
         return references
 
     def _follower(self, statement, reference, optim_arg):
@@ -373,3 +376,15 @@ class OptimStateDict(UsesStateDictPlan):
 
 def _is_none(arg: cst.Arg) -> bool:
     return isinstance(arg.value, cst.Name) and arg.value.value == "None"
+
+
+def _binds(statement, name: str) -> bool:
+    """Whether running `statement` surely binds `name` (`name = ...`, also inside a `with` block)."""
+    if isinstance(statement, cst.SimpleStatementLine):
+        return any(
+            isinstance(small, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name for t in small.targets)
+            for small in statement.body
+        )
+    if isinstance(statement, cst.With) and isinstance(statement.body, cst.IndentedBlock):
+        return any(_binds(inner, name) for inner in statement.body.body)
+    return False
