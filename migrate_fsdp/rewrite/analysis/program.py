@@ -85,7 +85,8 @@ class Verdict:
     blocked: dict = field(default_factory=dict)  # constructor Position -> why it stays FSDP1
     denied: dict = field(default_factory=dict)  # (Position, code) -> Denial
     settings: set = field(default_factory=set)  # Positions of FSDP1 settings' definitions that take their FSDP2 form
-    fsdp1_receivers: bool = False  # unknown receivers of FSDP1-shaped methods are FSDP1 models: nothing else has them
+    fsdp1_receivers: set = field(default_factory=set)  # Positions of FSDP1-shaped calls on unknown receivers that
+    # are FSDP1 models' (nothing else in the program has those methods)
     builds_fsdp1: bool = False  # another file of the program uses torch's FSDP1
     assumed: bool = False  # the first rewrite assumed the program builds FSDP1 models; it builds none
 
@@ -158,7 +159,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         verdict = Verdict(
             builds_fsdp1=builds_fsdp1 and file.asked_about_fsdp1,
             assumed=file.asked_about_fsdp1 and not builds_fsdp1,
-            fsdp1_receivers=file.path in adopted,
+            fsdp1_receivers=adopted.get(file.path, set()),
         )
         for position, converts in file.constructors.items():
             site = (file.path, position)
@@ -190,21 +191,23 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
 _OTHER_PROVIDERS = re.compile(rb"DistributedDataParallel|\bDDP\b|deepspeed|fairscale|\baccelerate\b|lightning|megatron|colossalai", re.I)
 
 
-def _adopt_unsure_receivers(facts: list[FileFacts], sources: Mapping[str, bytes]) -> set[str]:
+def _adopt_unsure_receivers(facts: list[FileFacts], sources: Mapping[str, bytes]) -> dict[str, set]:
     """Files whose `model.no_sync()` / `model.clip_grad_norm_(1.0)` on a receiver nothing is known of must be an
     FSDP1 model's: the program builds FSDP1 models and nothing else in it provides those methods. Such a call is
     then an untied use (it converts with the program's models) rather than one that stays."""
     unsure = [f for f in facts if any(use.unsure for use in f.staying.values())]
     if not unsure or not any(f.imports_fsdp1 or f.constructors for f in facts):
-        return set()
+        return {}
     if any(_OTHER_PROVIDERS.search(sources[path]) for path in sources):
-        return set()
+        return {}
+    adopted: dict[str, set] = {}
     for file in unsure:
         for key, use in list(file.staying.items()):
             if use.unsure:
                 del file.staying[key]
                 file.uses[key] = use
-    return {file.path for file in unsure}
+                adopted.setdefault(file.path, set()).add(key[0])
+    return adopted
 
 
 def _convert_settings(facts: list[FileFacts], verdicts: dict[str, Verdict], flow: ValueFlow) -> None:
@@ -309,9 +312,10 @@ class Gate:
         self.facts.settings[position] = reads
         return self.verdict is not None and position in self.verdict.settings
 
-    def receivers_are_fsdp1(self) -> bool:
-        """Whether the program decided that unknown receivers of FSDP1-shaped methods are FSDP1 models."""
-        return self.verdict is not None and self.verdict.fsdp1_receivers
+    def fsdp1_receiver(self, func) -> bool:
+        """Whether the program decided that the unknown receiver of this FSDP1-shaped call (`func`: `x.no_sync`,
+        as the first rewrite reported it) is an FSDP1 model."""
+        return self.verdict is not None and self.ctx.position(func) in self.verdict.fsdp1_receivers
 
     def may_build_fsdp1(self) -> bool:
         """Whether a model this file cannot see may be torch's FSDP1 model: only when the program

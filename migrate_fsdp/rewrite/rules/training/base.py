@@ -9,7 +9,7 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.rule import FSDP2_MODELS, Rule
 from migrate_fsdp.rewrite.analysis.guards import in_fsdp_branch
-from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, FsdpModels, Kind, fsdp_models
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, FsdpModels, Kind, assignments_of, fsdp_models
 from migrate_fsdp.rewrite.syntax import dotted
 
 
@@ -120,9 +120,21 @@ class TrainingRule(Rule):
         program that builds FSDP1 models."""
         kind = self.receiver_kind(func)
         program = self.ctx.program
-        if kind is Kind.UNKNOWN and (in_fsdp_branch(self.ctx.stack) or program.receivers_are_fsdp1()) and program.may_build_fsdp1():
+        if kind is not Kind.UNKNOWN or self._imported(func.value):  # `torch.nn.utils.clip_grad_norm_`: a function
+            return kind
+        if (in_fsdp_branch(self.ctx.stack) or program.fsdp1_receiver(func)) and program.may_build_fsdp1():
             return Kind.FSDP
         return kind
+
+    def _imported(self, receiver) -> bool:
+        """Whether `receiver` is, or is an attribute of, a name an import binds (a module, a class)."""
+        root = receiver
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        if not isinstance(root, cst.Name):
+            return False
+        bindings = assignments_of(self.ctx.scope(root), root.value)
+        return bool(bindings) and all(isinstance(a.node, (cst.Import, cst.ImportFrom)) for a in bindings)
 
     def is_statement_call(self) -> bool:
         """The node being left is a whole expression statement (its value is not used)."""
