@@ -134,3 +134,16 @@ def test_the_model_a_factory_makes_is_followed_where_it_goes():
     assert "fully_shard" in alone and "isinstance(model, FSDPModule)" in alone
     together = _rewrite({"train.py": FACTORY, "other.py": KEEPS_FSDP1})["train.py"]
     assert "fully_shard" not in together and "isinstance(model, FSDP):" in together
+
+
+SETUP = b"from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n\n\ndef setup_fsdp(model):\n    return FSDP(model)\n"
+CLIPS = b"import torch\nfrom wrap import setup_fsdp\n\nmodel = setup_fsdp(torch.nn.Linear(2, 2))\nmodel.clip_grad_norm_(1.0)\n"
+
+
+def test_clipping_in_a_file_that_names_no_fsdp_is_never_left_silently():
+    """The model comes from another module's wrapper: the call is reported and holds the wrapper (a program with
+    DDP), or converts with it (nothing else has `clip_grad_norm_`); it was left as is while the wrapper converted."""
+    held = _rewrite({"wrap.py": SETUP, "train.py": CLIPS, "ddp.py": DDP_RUN})
+    assert "return FSDP(model)" in held["wrap.py"] and "MF205" in held["train.py"]
+    converted = _rewrite({"wrap.py": SETUP, "train.py": CLIPS})
+    assert "fully_shard(model)" in converted["wrap.py"] and "clip_grad_norm_(model.parameters(), 1.0)" in converted["train.py"]

@@ -60,7 +60,7 @@ class ClipGradNorm(TrainingRule):
         receiver = code_of(self.ctx, func.value)
         if kind is Kind.FSDP:
             self.ctx.report(func, self.code, "arguments not understood; " + self._advice(receiver))
-        elif kind is Kind.UNKNOWN and self.models.imports_fsdp and self._shaped_like_fsdp1(original):
+        elif kind is Kind.UNKNOWN and self._shaped_like_fsdp1(original) and self.ctx.program.may_build_fsdp1():
             self.ctx.report(
                 func, self.code, f"cannot tell whether `{receiver}` is an FSDP1 model; " + self._advice(receiver), unsure=True
             )
