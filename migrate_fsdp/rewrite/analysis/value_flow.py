@@ -187,22 +187,30 @@ class ValueFlow:
             ctx = self.calls.context(other)
             if ctx is None:
                 raise _OutOfSight
-            handled: set[int] = set()
-            for node, ancestors in walk(ctx.module):
-                if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
-                    for alias in node.names:
-                        if dotted(alias.name) == name and self._defined_in(other, node, name) == path:
-                            bound = alias.asname.name.value if alias.asname else name
-                            for assignment in assignments_of(ctx.scope(node), bound):
-                                if assignment.node is node:
-                                    handled.update(id(access.node) for access in assignment.references)
-                                    for access in assignment.references:
-                                        read(other, access.node)
+            handled = self._through_imports(other, ctx, name, path, read)
             for node, ancestors in walk(ctx.module):
                 if isinstance(node, cst.Name) and node.value == name and id(node) not in handled:
                     self._stray(other, ctx, node, ancestors, path, read)
                 elif isinstance(node, cst.Attribute) and node.attr.value == name:
                     self._attribute(other, ctx, node, path, read)
+
+    def _through_imports(self, path: str, ctx, name: str, defined: str, read) -> set[int]:
+        """Follows the reads of every `from ... import name [as alias]` of `path` that finds `defined`'s name;
+        the ids of the names read."""
+        handled: set[int] = set()
+        for node, _ in walk(ctx.module):
+            if not isinstance(node, cst.ImportFrom) or isinstance(node.names, cst.ImportStar):
+                continue
+            for alias in node.names:
+                if dotted(alias.name) != name or self._defined_in(path, node, name) != defined:
+                    continue
+                bound = alias.asname.name.value if alias.asname else name
+                for assignment in assignments_of(ctx.scope(node), bound):
+                    if assignment.node is node:
+                        handled.update(id(access.node) for access in assignment.references)
+                        for access in assignment.references:
+                            read(path, access.node)
+        return handled
 
     def _attribute(self, path: str, ctx, node: cst.Attribute, defined: str, read) -> None:
         """`policies.bf16`: a read of the definition when `policies` is an imported module of the program defining it."""

@@ -54,7 +54,8 @@ class SettingsWhereDefined(Rule):
         ctx = self.ctx
         if ctx.is_covered([id(n) for n in ctx.stack]) or not self._convertible(node):
             return
-        reads = frozenset({"policies"}) if self._replayed(node) and self._replayed(node)[0] == OR_HELPER else frozenset()
+        replayed = self._replayed(node)
+        reads = frozenset({"policies"}) if replayed is not None and replayed[0] == OR_HELPER else frozenset()  # in either form
         if ctx.program.setting(node, reads):
             self._converted[id(node)] = self._form(node)
             ctx.mark_handled(node)
