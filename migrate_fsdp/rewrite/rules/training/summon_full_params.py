@@ -8,7 +8,7 @@ all-gathers that one parameter (the seed tutorial's state-dict section,
 safe:
 
     with FSDP.summon_full_params(model):          for name, p in model.named_parameters():
-        for name, p in model.named_parameters():      p = p.full_tensor()
+        for name, p in model.named_parameters():      p = p.full_tensor() if isinstance(p, DTensor) else p
             print(name, p.sum())                       print(name, p.sum())
 
 It requires every rank to run the gathering: the loop (or comprehension)
@@ -191,7 +191,7 @@ class SummonFullParams(RemovesStatements):
         if suffix is None:
             return updated
         target = _parameter_target(original.target, original.iter.func.attr.value == "named_parameters")
-        gather = cst.parse_statement(f"{target} = {target}{suffix}")
+        gather = cst.parse_statement(f"{target} = {self._full(target, suffix)}")
         body = updated.body
         return updated.with_changes(body=body.with_changes(body=[gather, *body.body]))
 
@@ -200,10 +200,16 @@ class SummonFullParams(RemovesStatements):
         if suffix is None:
             return updated
         named = original.iter.func.attr.value == "named_parameters"
-        template = (
-            f"((name, param{suffix}) for name, param in ITER)" if named else f"(param{suffix} for param in ITER)"
-        )
+        full = self._full("param", suffix)
+        template = f"((name, {full}) for name, param in ITER)" if named else f"({full} for param in ITER)"
         return updated.with_changes(iter=from_template(template, ITER=updated.iter))
+
+    def _full(self, target: str, suffix: str) -> str:
+        """The full parameter: FSDP2 leaves the root's parameters unsharded after a forward no backward followed
+        (an evaluation under no_grad), plain tensors already whole; the others are DTensors to gather."""
+        dtensor = self.ctx.require_import("torch.distributed.tensor", "DTensor")
+        plain = target + suffix.removeprefix(".full_tensor()")
+        return f"{target}{suffix} if isinstance({target}, {dtensor}) else {plain}"
 
     def _suffix(self, loop) -> str | None:
         for plan in self._plans.values():
