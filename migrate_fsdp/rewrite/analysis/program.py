@@ -122,11 +122,11 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
                 parent[find(other)] = find(sites[0])
     converts = {(f.path, p): c for f in facts for p, c in f.constructors.items()}
     kept = {site for site, c in converts.items() if not c}
-    held = {}  # a constructor that could convert but has a use that stays FSDP1 -> that use's file
+    held = {}  # a constructor that could convert but has a use that stays FSDP1 -> that use's code and file
     for file in facts:
         for use in file.staying.values():
             for site in use.sites:
-                held.setdefault(site, file.path)
+                held.setdefault(site, f"{use.code} in {file.path}")
     loose = {u.function for f in facts for u in (*f.uses.values(), *f.staying.values()) if u.untied and not u.sites}
     dead = unnamed(loose, {f.path: f.declared for f in facts}, sources) if sources else set()
 
@@ -135,9 +135,9 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         # finds its model itself (a factory, a global) may run from outside: an entry point run by name.
         return use.untied and (use.sites or use.function not in dead or not use.handed_in)
 
-    untied = sorted(f.path for f in facts for use in f.uses.values() if reachable(use))
-    untied_staying = sorted(f.path for f in facts for use in f.staying.values() if reachable(use))
-    escaping = {}  # a constructor that converts but whose model may meet an untied use that stays -> that use's file
+    untied = sorted(f"{use.code} in {f.path}" for f in facts for use in f.uses.values() if reachable(use))
+    untied_staying = sorted(f"{use.code} in {f.path}" for f in facts for use in f.staying.values() if reachable(use))
+    escaping = {}  # a constructor that converts but whose model may meet an untied use that stays -> that use's code, file
     if (kept or held) and untied or untied_staying:
         first = (untied_staying or untied)[0]
         escaping = {(f.path, p): first for f in facts for p in f.escaping if f.constructors.get(p)}
@@ -147,7 +147,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             for use in file.uses.values():
                 for site in use.sites if use.untied else ():
                     if converts.get(site) and site not in escaping:
-                        held.setdefault(site, file.path)
+                        held.setdefault(site, f"{use.code} in {file.path}")
     kept_for_uses = set(held) | set(escaping)
     cause = {}  # component root -> the first constructor in it that cannot convert
     for site in sorted(kept | kept_for_uses):
@@ -165,9 +165,9 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             site = (file.path, position)
             blocker = cause.get(find(site))
             if converts and blocker in held:
-                verdict.blocked[position] = f"its model has a use that stays FSDP1 (in {held[blocker]})"
+                verdict.blocked[position] = f"its model has a use that stays FSDP1 ({held[blocker]})"
             elif converts and blocker in escaping:
-                verdict.blocked[position] = f"its model may reach FSDP1 code that stays (in {escaping[blocker]})"
+                verdict.blocked[position] = f"its model may reach FSDP1 code that stays ({escaping[blocker]})"
             elif converts and blocker is not None:
                 verdict.blocked[position] = f"stays FSDP1 with the FSDP(...) in {where(blocker)}, which shares its uses"
         for key, use in file.uses.items():
