@@ -141,7 +141,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     if (kept or held) and untied or untied_staying:
         first = (untied_staying or untied)[0]
         escaping = {(f.path, p): first for f in facts for p in f.escaping if f.constructors.get(p)}
-    escaping = {site: path for site, path in escaping.items() if site not in held}
+    escaping = {site: why for site, why in escaping.items() if site not in held}
     if kept or held or escaping:  # an untied use is then denied: the models tied to it stay with it
         for file in facts:
             for use in file.uses.values():

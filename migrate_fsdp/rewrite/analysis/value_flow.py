@@ -241,12 +241,11 @@ class ValueFlow:
         raise _OutOfSight
 
     def _star_source(self, path: str, ctx, name: str) -> str | None:
-        for statement in ctx.module.body:
-            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
-                if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
-                    source = self._defined_in(path, small, name)
-                    if source is not None:
-                        return source
+        for imported in _module_level_from_imports(ctx.module):
+            if isinstance(imported.names, cst.ImportStar):
+                source = self._defined_in(path, imported, name)
+                if source is not None:
+                    return source
         return None
 
     def _defined_in(self, path: str, imported: cst.ImportFrom, name: str, depth: int = 0) -> str | None:
@@ -271,20 +270,25 @@ class ValueFlow:
             return found
         if depth >= _STAR_DEPTH:
             raise _OutOfSight
-        for statement in ctx.module.body:
-            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
-                if not isinstance(small, cst.ImportFrom):
-                    continue
-                if isinstance(small.names, cst.ImportStar) or any(dotted(a.name) == name and a.asname is None for a in small.names):
-                    source = self._defined_in(found, small, name, depth + 1)
-                    if source is not None:
-                        return source
+        for imported in _module_level_from_imports(ctx.module):
+            if isinstance(imported.names, cst.ImportStar) or any(dotted(a.name) == name and a.asname is None for a in imported.names):
+                source = self._defined_in(found, imported, name, depth + 1)
+                if source is not None:
+                    return source
         return None
 
     def _parents_of(self, path: str) -> dict[int, cst.CSTNode]:
         if path not in self._parents:
             self._parents[path] = {id(node): ancestors[-1] for node, ancestors in walk(self.calls.context(path).module) if ancestors}
         return self._parents[path]
+
+
+def _module_level_from_imports(module: cst.Module):
+    """The `from ... import ...` statements of the module's own body (how a module re-exports names)."""
+    for statement in module.body:
+        for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.ImportFrom):
+                yield small
 
 
 def _starred(node) -> bool:

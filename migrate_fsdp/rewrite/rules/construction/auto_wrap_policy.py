@@ -132,10 +132,10 @@ class AutoWrapPolicyRule(KeywordRule):
         if ctx.matches(node, f"{WRAP}.always_wrap_policy"):
             return Policy(lambda var: cst.Name("True"))
         if isinstance(node, cst.Call) and ctx.matches(node.func, f"{WRAP}.ModuleWrapPolicy"):
-            classes = _only_argument(node, "module_classes")
+            classes = only_argument(node, "module_classes")
             return None if classes is None else Policy(self._isinstance(classes))
         if isinstance(node, cst.Call) and ctx.matches(node.func, f"{WRAP}.CustomPolicy"):
-            function = _only_argument(node, "lambda_fn")
+            function = only_argument(node, "lambda_fn")
             if function is not None and self._may_return_kwargs(function):
                 raise Unconvertible(
                     f"CustomPolicy({ctx.code(function)}) can return FSDP1 arguments for some modules, which have no "
@@ -144,7 +144,7 @@ class AutoWrapPolicyRule(KeywordRule):
             return None if function is None else self._predicate(function)
         if not (isinstance(node, cst.Call) and ctx.matches(node.func, PARTIAL) and node.args):
             return None
-        func, options = node.args[0].value, _keywords(node.args[1:])
+        func, options = node.args[0].value, keywords(node.args[1:])
         if options is None:
             return None
         for qualified, keyword in CLASS_POLICIES.items():
@@ -214,7 +214,7 @@ class AutoWrapPolicyRule(KeywordRule):
             return cst.Name(ctx.add_helper(SIZE_HELPER))
         if not (isinstance(node, cst.Call) and ctx.matches(node.func, PARTIAL) and node.args):
             return None
-        options = _keywords(node.args[1:])
+        options = keywords(node.args[1:])
         if options is None:
             return None
         func = node.args[0].value
@@ -345,14 +345,16 @@ def _is_true(node) -> bool:
     return isinstance(node, cst.Name) and node.value == "True"
 
 
-def _only_argument(node: cst.Call, name: str):
+def only_argument(node: cst.Call, name: str):
+    """The call's single argument, positional or by `name`; None otherwise."""
     if len(node.args) != 1 or node.args[0].star:
         return None
     arg = node.args[0]
     return arg.value if arg.keyword is None or arg.keyword.value == name else None
 
 
-def _keywords(args) -> dict | None:
+def keywords(args) -> dict | None:
+    """The arguments by keyword; None when one is positional or starred."""
     if any(arg.keyword is None or arg.star for arg in args):
         return None
     return {arg.keyword.value: arg.value for arg in args}

@@ -95,7 +95,7 @@ class MeshRule(KeywordRule):
         # FSDP1's node size: the device count of the module's device type (`torch.cpu.device_count()` is 1)
         if isinstance(device, cst.SimpleString) and device.evaluated_value in ("cuda", "cpu", "xpu", "mps"):
             per_node = f"{self.analysis.names.ref(anchor, f'torch.{device.evaluated_value}.device_count')}()"
-        elif "current_accelerator" in self.ctx.module.code_for_node(device):
+        elif plan.device is None:  # device_type() is the current accelerator's
             per_node = f"{self.analysis.names.ref(anchor, 'torch.accelerator.device_count')}()"
         else:
             per_node = expression(f"{self.analysis.names.ref(anchor, 'torch.get_device_module')}(DEVICE).device_count()", DEVICE=device)

@@ -26,7 +26,15 @@ with the advice of its keyword's rule.
 import libcst as cst
 
 from migrate_fsdp.rewrite.rule import Rule
-from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import CLASS_POLICIES, OR_HELPER, PARTIAL, SIZE_HELPER, WRAP
+from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import (
+    CLASS_POLICIES,
+    OR_HELPER,
+    PARTIAL,
+    SIZE_HELPER,
+    WRAP,
+    keywords,
+    only_argument,
+)
 from migrate_fsdp.rewrite.rules.construction.codegen import call
 from migrate_fsdp.rewrite.rules.construction.mixed_precision import MIXED_PRECISION
 
@@ -84,10 +92,9 @@ class SettingsWhereDefined(Rule):
         """The classes of `ModuleWrapPolicy(X)` or `partial(transformer_auto_wrap_policy, transformer_layer_cls=X)`."""
         ctx = self.ctx
         if ctx.matches(node.func, f"{WRAP}.ModuleWrapPolicy"):
-            arguments = _keywords(node.args, positional=("module_classes",))
-            classes = arguments.get("module_classes") if arguments is not None and len(arguments) == 1 else None
+            classes = only_argument(node, "module_classes")
         elif ctx.matches(node.func, PARTIAL) and node.args and not node.args[0].keyword and not node.args[0].star:
-            arguments = _keywords(node.args[1:])
+            arguments = keywords(node.args[1:])
             keyword = next((k for q, k in CLASS_POLICIES.items() if ctx.matches(node.args[0].value, q)), None)
             classes = arguments.get(keyword) if keyword is not None and arguments is not None and set(arguments) == {keyword} else None
         else:
@@ -107,23 +114,8 @@ class SettingsWhereDefined(Rule):
             return None
         for qualified, (allowed, helper) in _REPLAYED.items():
             if ctx.matches(node.args[0].value, qualified):
-                options = _keywords(node.args[1:])
+                options = keywords(node.args[1:])
                 if options is None or allowed is not None and set(options) != allowed:
                     return None
                 return helper, options
         return None
-
-
-def _keywords(args, positional: tuple = ()) -> dict | None:
-    """The arguments by name (`positional` names the leading positional ones); None with `*`/`**`."""
-    found = {}
-    for index, arg in enumerate(args):
-        if arg.star:
-            return None
-        if arg.keyword is not None:
-            found[arg.keyword.value] = arg.value
-        elif index < len(positional):
-            found[positional[index]] = arg.value
-        else:
-            return None
-    return found

@@ -10,7 +10,7 @@ import libcst as cst
 from migrate_fsdp.rewrite.rule import FSDP2_MODELS, Rule
 from migrate_fsdp.rewrite.analysis.guards import in_fsdp_branch
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, FsdpModels, Kind, assignments_of, fsdp_models
-from migrate_fsdp.rewrite.syntax import dotted
+from migrate_fsdp.rewrite.syntax import chain_root, dotted
 
 
 _TYPE_CHECKS = ("builtins.isinstance", "builtins.issubclass")
@@ -128,12 +128,8 @@ class TrainingRule(Rule):
 
     def _imported(self, receiver) -> bool:
         """Whether `receiver` is, or is an attribute of, a name an import binds (a module, a class)."""
-        root = receiver
-        while isinstance(root, cst.Attribute):
-            root = root.value
-        if not isinstance(root, cst.Name):
-            return False
-        bindings = assignments_of(self.ctx.scope(root), root.value)
+        root = chain_root(receiver)
+        bindings = assignments_of(self.ctx.scope(receiver), root) if root else []
         return bool(bindings) and all(isinstance(a.node, (cst.Import, cst.ImportFrom)) for a in bindings)
 
     def is_statement_call(self) -> bool:

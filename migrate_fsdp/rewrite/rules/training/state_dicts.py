@@ -34,9 +34,8 @@ from libcst.metadata import GlobalScope
 
 from migrate_fsdp.rewrite.rule import FSDP2_MODELS, OPTIMIZER_STATE
 from migrate_fsdp.rewrite.rules.training.base import RemovesStatements, bind, literal_bool
-from migrate_fsdp.rewrite.syntax import walk
+from migrate_fsdp.rewrite.syntax import chain_root, dotted, walk
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, assignments_of, fsdp_models
-from migrate_fsdp.rewrite.syntax import dotted
 
 FULL, SHARDED, LOCAL = "FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT"
 DSD = "torch.distributed.checkpoint.state_dict"
@@ -273,21 +272,21 @@ class StateDictPlan:
         """Whether `value` (`cfg.offload`, `torch.cuda.is_available()`) gives the same where the config is used:
         no side effects, and, for a config defined at module level and used in functions, only global names."""
         if isinstance(value, cst.Call):
-            torch_call = all(q.startswith("torch.") for q in self.ctx.qualified_names(value.func)) and self.ctx.qualified_names(value.func)
-            if not torch_call or any(arg.star or not isinstance(arg.value, (cst.SimpleString, cst.Integer, cst.Name)) for arg in value.args):
+            names = self.ctx.qualified_names(value.func)
+            if not names or not all(q.startswith("torch.") for q in names):
+                return False
+            if any(arg.star or not isinstance(arg.value, (cst.SimpleString, cst.Integer, cst.Name)) for arg in value.args):
                 return False
             value = value.func
-        root = value
-        while isinstance(root, cst.Attribute):
-            root = root.value
-        if not isinstance(root, cst.Name):
+        root = chain_root(value)
+        if not root:
             return False
         if not moved:
             return True
         scope = self.ctx.scope(value)
         if scope is None or not isinstance(scope, GlobalScope):
             return True  # a config of the function itself, used in that function
-        assignments = assignments_of(scope, root.value)
+        assignments = assignments_of(scope, root)
         return bool(assignments) and all(a.scope is scope for a in assignments)
 
     def _single_value(self, name: cst.Name):

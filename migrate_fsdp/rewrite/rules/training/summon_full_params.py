@@ -71,7 +71,7 @@ class SummonFullParams(RemovesStatements):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        self._plans: dict[int, tuple] = {}  # id(With) -> (item index, {id(loop): suffix})
+        self._plans: dict[int, tuple] = {}  # id(With) -> (item index, {id(loop): offload_to_cpu})
 
     def visit_With(self, node: cst.With) -> None:
         for index, item in enumerate(node.items):
@@ -120,7 +120,6 @@ class SummonFullParams(RemovesStatements):
         model = dotted(bound["module"].value)
         if not model or isinstance(with_node.body, cst.SimpleStatementSuite):
             return "the block is not a plain loop over the model's parameters", None
-        suffix = ".full_tensor().cpu()" if options["offload_to_cpu"] else ".full_tensor()"
         loops = {}
         for statement in with_node.body.body:
             for node, parents in walk(statement):
@@ -129,7 +128,7 @@ class SummonFullParams(RemovesStatements):
                 problem = self._check_use(statement, node, parents)
                 if problem is not None:
                     return problem, None
-                loops[id(parents[-3])] = suffix
+                loops[id(parents[-3])] = options["offload_to_cpu"]
         if not loops:
             return "the block does not read the model's parameters", None
         return None, loops
@@ -187,31 +186,32 @@ class SummonFullParams(RemovesStatements):
 
     def leave_For(self, original: cst.For, updated: cst.For):
         updated = self.attach_pending(original, updated)
-        suffix = self._suffix(original)
-        if suffix is None:
+        offload = self._offload(original)
+        if offload is None:
             return updated
         target = _parameter_target(original.target, original.iter.func.attr.value == "named_parameters")
-        gather = cst.parse_statement(f"{target} = {self._full(target, suffix)}")
+        gather = cst.parse_statement(f"{target} = {self._full(target, offload)}")
         body = updated.body
         return updated.with_changes(body=body.with_changes(body=[gather, *body.body]))
 
     def leave_CompFor(self, original: cst.CompFor, updated: cst.CompFor):
-        suffix = self._suffix(original)
-        if suffix is None:
+        offload = self._offload(original)
+        if offload is None:
             return updated
         named = original.iter.func.attr.value == "named_parameters"
-        full = self._full("param", suffix)
+        full = self._full("param", offload)
         template = f"((name, {full}) for name, param in ITER)" if named else f"({full} for param in ITER)"
         return updated.with_changes(iter=from_template(template, ITER=updated.iter))
 
-    def _full(self, target: str, suffix: str) -> str:
+    def _full(self, target: str, offload: bool) -> str:
         """The full parameter: FSDP2 leaves the root's parameters unsharded after a forward no backward followed
         (an evaluation under no_grad), plain tensors already whole; the others are DTensors to gather."""
         dtensor = self.ctx.require_import("torch.distributed.tensor", "DTensor")
-        plain = target + suffix.removeprefix(".full_tensor()")
-        return f"{target}{suffix} if isinstance({target}, {dtensor}) else {plain}"
+        cpu = ".cpu()" if offload else ""
+        return f"{target}.full_tensor(){cpu} if isinstance({target}, {dtensor}) else {target}{cpu}"
 
-    def _suffix(self, loop) -> str | None:
+    def _offload(self, loop) -> bool | None:
+        """Whether FSDP1 offloaded the parameters `loop` reads to CPU; None when the loop is not converted."""
         for plan in self._plans.values():
             if id(loop) in plan[1]:
                 return plan[1][id(loop)]
