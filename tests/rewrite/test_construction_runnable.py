@@ -12,6 +12,7 @@ needs a GPU for it), so there only the rewrite runs, and must end with rank
 0's weights and buffers on every rank.
 """
 
+import ast
 import pathlib
 import re
 import textwrap
@@ -207,3 +208,74 @@ def test_meta_init_rewrite_takes_rank0_weights(tmp_path):
         after = [line.removeprefix("digest after ") for line in lines if line.startswith("digest after ")]
         assert len(before) == 1 and len(after) == 2, name
         assert set(after) == set(before), name
+
+
+# sync_module_states over a data-parallel process group (model parallelism beside it, as Alpha-VLLM's trainers
+# do): FSDP1 broadcast from the group's first rank over the group only. Each rank first draws its own weights.
+GROUP_SYNC_FSDP1 = '''
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import ShardingStrategy
+
+
+def digest(model):
+    full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+    return [round(float(t.double().sum()), 10) for t in [*full, *model.buffers()]]
+
+
+def setup_fsdp_sync(model, group, parallel):
+    return FSDP(
+        model,
+        process_group=group,
+        sharding_strategy={"fsdp": ShardingStrategy.FULL_SHARD, "sdp": ShardingStrategy.SHARD_GRAD_OP}[parallel],
+        device_id=torch.device("cpu"),
+        sync_module_states=True,
+    )
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    singletons = [dist.new_group([r]) for r in range(world)]  # every rank its own model-parallel replica
+    for name, group, parallel in (("whole", dist.new_group(list(range(world))), "fsdp"), ("own", singletons[rank], "sdp")):
+        torch.manual_seed(rank)
+        model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
+        before = digest(model)
+        model = setup_fsdp_sync(model, group, parallel)
+        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
+            consolidated = model.state_dict()  # on the group's first rank only
+        gathered = [None] * world
+        dist.all_gather_object(gathered, [before, digest(model), len(consolidated)])
+        if rank == 0:
+            print("sync", name, gathered)
+        model(torch.ones(2, 8)).sum().backward()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.mark.slow
+def test_sync_over_a_process_group_broadcasts_from_its_first_rank(tmp_path):
+    script = tmp_path / "group_sync" / "fsdp1.py"
+    script.parent.mkdir()
+    script.write_text(GROUP_SYNC_FSDP1)
+    rewritten, diagnostics = _rewrite(script, tmp_path)
+    assert diagnostics == []
+    code = rewritten.read_text()
+    assert "DeviceMesh.from_group(group" in code and "get_global_rank(group, 0)" in code
+    lines = [line.split(" ", 2) for line in torchrun(rewritten).stdout.splitlines() if line.startswith("sync ")]
+    runs = {name: ast.literal_eval(digests) for _, name, digests in lines}
+    (before0, _, _), (before1, _, _) = runs["whole"]
+    assert before0 != before1  # the ranks did draw different weights
+    assert [after for _, after, _ in runs["whole"]] == [before0, before0]  # the group's first rank's weights everywhere
+    assert [after for _, after, _ in runs["own"]] == [before for before, _, _ in runs["own"]]  # each group kept its own
+    # rank0_only is the group's rank 0: the world's alone, then every rank's own (7 entries: linear and norm)
+    assert [size for _, _, size in runs["whole"]] == [7, 0] and [size for _, _, size in runs["own"]] == [7, 7]

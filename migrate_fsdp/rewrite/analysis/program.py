@@ -70,6 +70,8 @@ class FileFacts:
     reads: dict = field(default_factory=dict)  # constructor Position -> keywords read by helpers taking FSDP2 forms too
     imports_fsdp1: bool = False  # names torch's FSDP1 (not fairscale's, not FSDP2)
     asked_about_fsdp1: bool = False  # a rule asked whether the program builds FSDP1 models at all
+    part_of_world: bool = False  # a constructor here may shard its model over some ranks only
+    asked_about_world: bool = False  # a rule asked whether any model of the program may be
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,12 @@ class Verdict:
     # are FSDP1 models' (nothing else in the program has those methods)
     builds_fsdp1: bool = False  # another file of the program uses torch's FSDP1
     assumed: bool = False  # the first rewrite assumed the program builds FSDP1 models; it builds none
+    part_of_world: bool = False  # a model of the program may be sharded over some ranks only (Gate.part_of_world)
 
     def __bool__(self) -> bool:
-        return bool(self.blocked or self.denied or self.settings or self.fsdp1_receivers or self.builds_fsdp1 or self.assumed)
+        return bool(
+            self.blocked or self.denied or self.settings or self.fsdp1_receivers or self.builds_fsdp1 or self.assumed or self.part_of_world
+        )
 
 
 def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -> dict[str, Verdict]:
@@ -160,6 +165,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             builds_fsdp1=builds_fsdp1 and file.asked_about_fsdp1,
             assumed=file.asked_about_fsdp1 and not builds_fsdp1,
             fsdp1_receivers=adopted.get(file.path, set()),
+            part_of_world=file.asked_about_world and any(f.part_of_world for f in facts),
         )
         for position, converts in file.constructors.items():
             site = (file.path, position)
@@ -284,10 +290,12 @@ class Gate:
         self.verdict = verdict
         self.facts = FileFacts(ctx.path, imports_fsdp1=_imports_fsdp1(ctx), declared=declarations(ctx.module))
 
-    def constructor(self, node, converts: bool, stack, reads: frozenset = frozenset()) -> str | None:
+    def constructor(self, node, converts: bool, stack, reads: frozenset = frozenset(), part_of_world: bool = False) -> str | None:
         """Why the constructor `node` (at `stack`) must stay FSDP1 although it could convert, if it must.
-        `reads`: its keywords whose values a helper reads at run time, in their FSDP1 or FSDP2 form."""
+        `reads`: its keywords whose values a helper reads at run time, in their FSDP1 or FSDP2 form;
+        `part_of_world`: it may shard its model over some ranks only."""
         position = self.ctx.position(node)
+        self.facts.part_of_world |= part_of_world and converts
         self.facts.constructors[position] = converts
         self.facts.reads[position] = reads
         function = next((n for n in reversed(stack) if isinstance(n, (cst.FunctionDef, cst.ClassDef))), None)
@@ -328,6 +336,13 @@ class Gate:
         # builds none has the file rewritten again (Verdict.assumed).
         self.facts.asked_about_fsdp1 = True
         return True
+
+    def part_of_world(self) -> bool:
+        """Whether a model of the program may be sharded over some ranks only, so that FSDP1's `rank0_only`
+        (rank 0 of the model's group) is not FSDP2's StateDictOptions (the world's rank 0). The first rewrite
+        answers for this file; the program's answer has the file rewritten again (Verdict.part_of_world)."""
+        self.facts.asked_about_world = True
+        return self.facts.part_of_world or (self.verdict is not None and self.verdict.part_of_world)
 
     def stays(self, node, code: str, stack, unsure: bool = False) -> None:
         """Record that a rule leaves the FSDP1 use `node` as it is: the models that reach it stay FSDP1 with it.

@@ -169,14 +169,22 @@ class Names:
         self.ctx = ctx
         self._bindings: dict[int, dict[str, str]] = {}
         self.released: set = set()  # assignments the rewrite removes: their names are free again
+        self.statements: dict[int, cst.CSTNode] = {}  # anchor -> the statement its variables are set before
+        self._given: dict[tuple[int, str], tuple[int, int]] = {}  # (scope, name) -> (statement, anchor) last given
 
     def fresh(self, anchor: cst.CSTNode, *candidates: str) -> str:
-        """The first candidate (then `candidate_2`, ...) that nothing in `anchor`'s scope binds."""
+        """The first candidate (then `candidate_2`, ...) that nothing in `anchor`'s scope binds, nor was given to
+        another anchor of the same statement (two constructors in one statement each set theirs before it)."""
         scope = self.ctx.scope(anchor)
+        mine = (id(self.statements.get(id(anchor), anchor)), id(anchor))
         for suffix in ("", "_2", "_3", "_4", "_5"):
             for candidate in candidates:
                 name = candidate + suffix
+                given = self._given.get((id(scope), name), mine)
+                if given[0] == mine[0] and given[1] != mine[1]:
+                    continue
                 if scope is None or name not in scope or all(a in self.released for a in scope[name]):
+                    self._given[(id(scope), name)] = mine
                     return name
         raise ValueError(f"no free name among {candidates}")
 

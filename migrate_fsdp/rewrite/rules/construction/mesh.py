@@ -46,18 +46,20 @@ class MeshRule(KeywordRule):
             raise Unconvertible("FSDP1 rejects process_group and device_mesh together; keep one", group)
         strategy = plan.strategy
         if strategy.runtime is not None:
-            if group is not None:
+            if group is not None and (strategy.possible is None or strategy.possible & {*HYBRID, "NO_SHARD"}):
                 raise Unconvertible(
-                    "process_group with a sharding_strategy known only at run time: build the DeviceMesh yourself "
-                    "(DeviceMesh.from_group) and pass it as device_mesh",
+                    "process_group with a sharding_strategy known only at run time that may be HYBRID_SHARD or "
+                    "NO_SHARD: build the DeviceMesh yourself (DeviceMesh.from_group) and pass it as device_mesh",
                     group,
                 )
             helper = self.ctx.add_helper(SHARDING_HELPER)
             args = [strategy.runtime]
-            if plan.device is not None or user_mesh is not None:
+            if plan.device is not None or user_mesh is not None or group is not None:
                 args.append(device_type(self.analysis, plan) if plan.device is not None else cst.Name("None"))
             if user_mesh is not None:
                 args.append(user_mesh)
+            elif group is not None:  # FULL_SHARD or SHARD_GRAD_OP over the group's ranks
+                args.append(self._from_group(group, plan))
             plan.sharding = call(helper, *args)
             return
         if strategy.name in HYBRID:
@@ -82,10 +84,13 @@ class MeshRule(KeywordRule):
         elif user_mesh is not None:
             plan.mesh = user_mesh
         elif group is not None:
-            device_mesh = self.ctx.require_import("torch.distributed.device_mesh", "DeviceMesh")
-            plan.mesh = expression(f"{device_mesh}.from_group(GROUP, DEVICE)", GROUP=group, DEVICE=device_type(self.analysis, plan))
+            plan.mesh = self._from_group(group, plan)
         elif plan.device is not None:
             plan.mesh = self._init_mesh(plan, "(WORLD,)", named=False)
+
+    def _from_group(self, group, plan) -> cst.BaseExpression:
+        device_mesh = self.ctx.require_import("torch.distributed.device_mesh", "DeviceMesh")
+        return expression(f"{device_mesh}.from_group(GROUP, DEVICE)", GROUP=group, DEVICE=device_type(self.analysis, plan))
 
     def _init_mesh(self, plan, shape: str, named: bool) -> cst.BaseExpression:
         anchor = plan.site.node

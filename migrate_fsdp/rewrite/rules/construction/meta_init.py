@@ -76,12 +76,16 @@ class MetaInitRule(KeywordRule):
                 )
             return
         arg = plan.arguments["sync_module_states"].arg
-        mesh_checked_at_run_time = isinstance(plan.device_mesh, (cst.Name, cst.Attribute))
-        if plan.process_group is not None or plan.ignored is not None or (
-            plan.device_mesh is not None and not mesh_checked_at_run_time
-        ):
+        if plan.process_group is not None and init is not None:
             raise Unconvertible(
-                "sync_module_states with a process group, device mesh or ignored modules: broadcast rank 0's "
+                "sync_module_states with a process group and a param_init_fn: materialise the module, then broadcast "
+                f"the group's first rank's weights over it; {_FLOW}",
+                arg,
+            )
+        mesh_checked_at_run_time = isinstance(plan.device_mesh, (cst.Name, cst.Attribute))
+        if plan.ignored is not None or (plan.device_mesh is not None and not mesh_checked_at_run_time):
+            raise Unconvertible(
+                "sync_module_states with a device mesh or ignored modules: broadcast rank 0's "
                 f"weights over that group yourself; {_FLOW}",
                 arg,
             )
@@ -116,11 +120,33 @@ class MetaInitRule(KeywordRule):
         return None if device is None else ParamInit(device)
 
     def before(self, plan, module, full_state_dict: str) -> list[cst.BaseStatement]:
+        if plan.process_group is not None:
+            return self._broadcast_over_group(plan, module)
         rank = self.analysis.names.ref(plan.site.node, "torch.distributed.get_rank")
         sync = "" if plan.sync_module_states is True else "SYNC and "  # a run-time flag guards each step
         return self._whole_world_mesh(plan, sync) + statements(
             f"{full_state_dict} = MODULE.state_dict() if {sync}{rank}() == 0 else {{}}", MODULE=module, SYNC=plan.sync_module_states
         )
+
+    def _broadcast_over_group(self, plan, module) -> list[cst.BaseStatement]:
+        """What FSDP1 did with a process group (`_sync_module_params_and_buffers`): move the module to
+        `device_id`, then broadcast its parameters and buffers from the group's first rank over the group.
+        Model-parallel ranks outside the group keep their own weights, which a broadcast from global rank 0
+        (the state-dict flow) would overwrite."""
+        names, anchor = self.analysis.names, plan.site.node
+        broadcast = names.ref(anchor, "torch.distributed.broadcast")
+        first = names.ref(anchor, "torch.distributed.get_global_rank")
+        tensor = names.fresh(anchor, "tensor", "fsdp_tensor")
+        body = [] if plan.device is None else statements("MODULE.to(DEVICE)", MODULE=module, DEVICE=plan.device)
+        body += statements(
+            f"""
+            for {tensor} in [*MODULE.parameters(), *MODULE.buffers()]:
+                {broadcast}({tensor}.detach(), src={first}(GROUP, 0), group=GROUP)
+            """,
+            MODULE=module,
+            GROUP=plan.process_group,
+        )
+        return guarded(plan.sync_module_states, body)
 
     def _whole_world_mesh(self, plan, sync: str) -> list[cst.BaseStatement]:
         """FSDP1 synced a device mesh's ranks from its first rank (inter-node group, then intra-node): global
@@ -139,6 +165,8 @@ class MetaInitRule(KeywordRule):
         )
 
     def after(self, plan, module, full_state_dict: str, buffer: str) -> list[cst.BaseStatement]:
+        if plan.process_group is not None:  # synced before sharding
+            return []
         names = self.analysis.names
         anchor = plan.site.node
         rank = names.ref(anchor, "torch.distributed.get_rank")

@@ -60,6 +60,7 @@ class Strategy:
 
     name: str | None = "FULL_SHARD"
     runtime: cst.BaseExpression | None = None
+    possible: frozenset[str] | None = None  # the members a run-time choice picks from, when all are written out
 
 
 @dataclass

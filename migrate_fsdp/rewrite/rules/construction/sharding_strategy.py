@@ -74,7 +74,27 @@ class ShardingStrategyRule(KeywordRule):
                 f"sharding_strategy={self.ctx.code(argument.value)} cannot be mapped to FSDP2 (it uses other FSDP1 "
                 "names); pass a ShardingStrategy member, its name, or a variable holding one"
             )
-        plan.strategy = Strategy(None, runtime)
+        plan.strategy = Strategy(None, runtime, self._possible(value, plan))
+
+    def _possible(self, node, plan) -> frozenset[str] | None:
+        """The members `node` picks from at run time when each is written out: a dict of members looked up
+        (inline or a table only this call reads), or a choice between members."""
+        if isinstance(node, cst.IfExp):
+            body, orelse = self._possible(node.body, plan), self._possible(node.orelse, plan)
+            return None if body is None or orelse is None else body | orelse
+        member = self.member(node)
+        if member is not None:
+            return frozenset([member])
+        if not isinstance(node, cst.Subscript):
+            return None
+        table = node.value
+        if not isinstance(table, cst.Dict):
+            definition = self.analysis.owned(table, plan)
+            table = None if definition is None else definition.value
+        if not isinstance(table, cst.Dict) or not table.elements:
+            return None
+        members = [self.member(e.value) if isinstance(e, cst.DictElement) else None for e in table.elements]
+        return None if None in members else frozenset(members)
 
     def _tables_by_name(self, node, plan) -> None:
         """`TABLE[key]` where only this call reads TABLE, a dict of ShardingStrategy members: its values become their names.

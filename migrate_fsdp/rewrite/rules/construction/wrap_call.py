@@ -30,7 +30,7 @@ from migrate_fsdp.rewrite.rules.construction.meta_init import MetaInitRule
 from migrate_fsdp.rewrite.rules.construction.mixed_precision import MixedPrecisionRule, RunTime
 from migrate_fsdp.rewrite.rules.construction.plan import CallSite, Plan, Problem, Unconvertible
 from migrate_fsdp.rewrite.rules.construction.removed_kwargs import RemovedKwargs
-from migrate_fsdp.rewrite.rules.construction.sharding_strategy import ShardingStrategyRule
+from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID, ShardingStrategyRule
 from migrate_fsdp.rewrite.syntax import chain_root, dotted, subtree_ids
 
 FSDP_CLASS = "torch.distributed.fsdp.FullyShardedDataParallel"
@@ -148,11 +148,14 @@ class WrapCall(Rule):
                     for value in [definition.value, *self.analysis.definitions.fill_values(definition)]:
                         self.analysis.fsdp1_arguments.update(subtree_ids(value))
         self.analysis.close_fsdp1_arguments()
+        self.analysis.names.statements.update((id(site.node), site.statement) for site in self._sites)
         for site in self._sites:
             before = dict(self.ctx.imports), dict(self.ctx.helpers)
             plan = self._plan(site)
             converts = not plan.problems and not site.in_dual_version
-            why = self.ctx.program.constructor(site.node, converts=converts, stack=site.stack, reads=_read_at_run_time(plan))
+            why = self.ctx.program.constructor(
+                site.node, converts=converts, stack=site.stack, reads=_read_at_run_time(plan), part_of_world=_part_of_world(plan)
+            )
             if why is not None:
                 plan.problems.append(Problem(site.node, BLOCKED, _LEFT_AS_IS + why))
             elif site.in_dual_version:
@@ -443,6 +446,14 @@ def _read_at_run_time(plan: Plan) -> frozenset:
     if plan.policy is not None and plan.policy.runtime is not None:
         reads.add("auto_wrap_policy")
     return frozenset(reads)
+
+
+def _part_of_world(plan: Plan) -> bool:
+    """Whether the model may be sharded over some ranks only (a process group or mesh of the user's, HYBRID_SHARD,
+    NO_SHARD), where FSDP1's rank 0 (of that group) is not the world's."""
+    strategy, partial = plan.strategy, {*HYBRID, "NO_SHARD"}
+    chosen = {strategy.name} if strategy.runtime is None else strategy.possible or partial
+    return plan.process_group is not None or plan.device_mesh is not None or bool(chosen & partial)
 
 
 # The arguments the mesh and the device setup are built from.

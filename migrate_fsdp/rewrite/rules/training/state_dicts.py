@@ -19,7 +19,8 @@ the sharded FSDP2 state dict tensor by tensor and moves it to CPU or keeps it
 on rank 0 only, as FSDP1 did. Loading a FULL optimizer state with
 `rank0_only=True` broadcasts from rank 0 (`broadcast_from_rank0=True`).
 SHARDED maps to the sharded FSDP2 state dict, `offload_to_cpu` to
-`cpu_offload`. LOCAL (flat-parameter shards) has no FSDP2 form.
+`cpu_offload`. LOCAL (flat-parameter shards) has no FSDP2 form; a LOCAL block
+that takes no state dict of its model (it saves the optimizer's own) only goes.
 
 A context is removed only when every use of its model inside it is one this
 code converts; a model passed to other code inside the block (a
@@ -184,6 +185,12 @@ class StateDictPlan:
         if context.model:
             problem = self._check_region(context, region, method, stack, optim_rule_selected)
             failure = failure or problem
+        if settings is not None and settings.kind == LOCAL and (context.uses or method == "set_state_dict_type"):
+            context.settings = None  # what it governs has no FSDP2 form
+            failure = failure or (
+                "LOCAL_STATE_DICT (FSDP1's flat-parameter shards) has no FSDP2 form: use the sharded "
+                "`get_model_state_dict(model)` (DTensors) or a full state dict"
+            )
         context.failure = failure
         return context
 
@@ -211,11 +218,8 @@ class StateDictPlan:
         kind = self._type_of(bound["state_dict_type"].value)
         if kind is None:
             return None, "the state-dict type is not a `StateDictType.` member written out"
-        if kind == LOCAL:
-            return None, (
-                "LOCAL_STATE_DICT (FSDP1's flat-parameter shards) has no FSDP2 form: use the sharded "
-                "`get_model_state_dict(model)` (DTensors) or a full state dict"
-            )
+        if kind == LOCAL:  # a block that takes no state dict of the model is only dropped (see _context)
+            return Settings(LOCAL), None
         values = {"model": (False, False), "optim": (True, False)}
         for name, for_optim in (("state_dict_config", False), ("optim_state_dict_config", True)):
             arg = bound.get(name)
@@ -539,7 +543,7 @@ class Builder:
     def get_full(self, function: str, args: list, offload, rank0) -> cst.Call:
         """A FULL state dict with FSDP1's `offload_to_cpu` / `rank0_only` reproduced exactly (each True, False,
         or an expression read at run time, which the gathering helper takes)."""
-        if isinstance(offload, bool) and offload is rank0:
+        if isinstance(offload, bool) and offload is rank0 and not (rank0 and self.ctx.program.part_of_world()):
             return self.call(function, args, self.options(full_state_dict=True, cpu_offload=offload))
         sharded = self.call(function, args, None)
         helper = self.ctx.add_helper(GATHER_HELPER_NAME)
