@@ -17,7 +17,7 @@ is also what FSDP2's default mesh uses, so then no mesh is written at all.
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import call, expression
+from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, expression, is_reevaluable
 from migrate_fsdp.rewrite.rules.construction.devices import device_type
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID
@@ -37,20 +37,25 @@ class MeshRule(KeywordRule):
             return
         if argument.name == "process_group":
             plan.process_group = argument.value
+            if not is_reevaluable(argument.value):  # the mesh and MF110's broadcast both read it: evaluated once
+                var = self.analysis.names.fresh(plan.site.node, "process_group", "fsdp_process_group")
+                plan.before.append(assign(var, argument.value))
+                plan.process_group = cst.Name(var)
         else:
             plan.device_mesh = argument.value
 
     def finish(self, plan) -> None:
         group, user_mesh = plan.process_group, plan.device_mesh
+        written = plan.arguments["process_group"].value if group is not None else None  # as the call has it
         if group is not None and user_mesh is not None:
-            raise Unconvertible("FSDP1 rejects process_group and device_mesh together; keep one", group)
+            raise Unconvertible("FSDP1 rejects process_group and device_mesh together; keep one", written)
         strategy = plan.strategy
         if strategy.runtime is not None:
             if group is not None and (strategy.possible is None or strategy.possible & {*HYBRID, "NO_SHARD"}):
                 raise Unconvertible(
                     "process_group with a sharding_strategy known only at run time that may be HYBRID_SHARD or "
                     "NO_SHARD: build the DeviceMesh yourself (DeviceMesh.from_group) and pass it as device_mesh",
-                    group,
+                    written,
                 )
             helper = self.ctx.add_helper(SHARDING_HELPER)
             args = [strategy.runtime]
@@ -67,7 +72,7 @@ class MeshRule(KeywordRule):
                 raise Unconvertible(
                     "HYBRID_SHARD with a process_group (intra-node, inter-node) pair has no exact DeviceMesh form here: "
                     "build a 2-D DeviceMesh (replicate, shard) over the same ranks and pass it as device_mesh",
-                    group,
+                    written,
                 )
             if user_mesh is not None:
                 plan.mesh = call(self.ctx.add_helper(HYBRID_MESH_HELPER), user_mesh)
@@ -78,7 +83,7 @@ class MeshRule(KeywordRule):
                 raise Unconvertible(
                     "NO_SHARD over a given process group or device mesh: fully_shard needs a 2-D (replicate, 1) mesh "
                     "over those ranks; build it and pass it as device_mesh with HYBRID_SHARD semantics",
-                    group or user_mesh,
+                    written or user_mesh,
                 )
             plan.mesh = self._init_mesh(plan, "(WORLD, 1)", named=True)
         elif user_mesh is not None:
