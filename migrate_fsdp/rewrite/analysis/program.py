@@ -71,6 +71,7 @@ class FileFacts:
     imports_fsdp1: bool = False  # names torch's FSDP1 (not fairscale's, not FSDP2)
     asked_about_fsdp1: bool = False  # a rule asked whether the program builds FSDP1 models at all
     part_of_world: bool = False  # a constructor here may shard its model over some ranks only
+    own_groups: bool = False  # ... over a process group or device mesh of the user's
     asked_about_world: bool = False  # a rule asked whether any model of the program may be
 
 
@@ -92,6 +93,7 @@ class Verdict:
     builds_fsdp1: bool = False  # another file of the program uses torch's FSDP1
     assumed: bool = False  # the first rewrite assumed the program builds FSDP1 models; it builds none
     part_of_world: bool = False  # a model of the program may be sharded over some ranks only (Gate.part_of_world)
+    own_groups: bool = False  # ... over a process group or device mesh of the user's (Gate.own_groups)
 
     def __bool__(self) -> bool:
         return bool(
@@ -166,6 +168,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             assumed=file.asked_about_fsdp1 and not builds_fsdp1,
             fsdp1_receivers=adopted.get(file.path, set()),
             part_of_world=file.asked_about_world and any(f.part_of_world for f in facts),
+            own_groups=file.asked_about_world and any(f.own_groups for f in facts),
         )
         for position, converts in file.constructors.items():
             site = (file.path, position)
@@ -290,12 +293,15 @@ class Gate:
         self.verdict = verdict
         self.facts = FileFacts(ctx.path, imports_fsdp1=_imports_fsdp1(ctx), declared=declarations(ctx.module))
 
-    def constructor(self, node, converts: bool, stack, reads: frozenset = frozenset(), part_of_world: bool = False) -> str | None:
+    def constructor(
+        self, node, converts: bool, stack, reads: frozenset = frozenset(), part_of_world: bool = False, own_group: bool = False
+    ) -> str | None:
         """Why the constructor `node` (at `stack`) must stay FSDP1 although it could convert, if it must.
         `reads`: its keywords whose values a helper reads at run time, in their FSDP1 or FSDP2 form;
-        `part_of_world`: it may shard its model over some ranks only."""
+        `part_of_world`: it may shard its model over some ranks only; `own_group`: over a group of the user's."""
         position = self.ctx.position(node)
         self.facts.part_of_world |= part_of_world and converts
+        self.facts.own_groups |= own_group and converts
         self.facts.constructors[position] = converts
         self.facts.reads[position] = reads
         function = next((n for n in reversed(stack) if isinstance(n, (cst.FunctionDef, cst.ClassDef))), None)
@@ -343,6 +349,13 @@ class Gate:
         answers for this file; the program's answer has the file rewritten again (Verdict.part_of_world)."""
         self.facts.asked_about_world = True
         return self.facts.part_of_world or (self.verdict is not None and self.verdict.part_of_world)
+
+    def own_groups(self) -> bool:
+        """Whether a model of the program may be sharded over a process group or device mesh of the user's: one
+        model-parallel part each, say, where FSDP1 broadcast from each group's rank 0 and FSDP2's
+        broadcast_from_rank0 sends the world's rank 0's state to every rank."""
+        self.facts.asked_about_world = True
+        return self.facts.own_groups or (self.verdict is not None and self.verdict.own_groups)
 
     def stays(self, node, code: str, stack, unsure: bool = False) -> None:
         """Record that a rule leaves the FSDP1 use `node` as it is: the models that reach it stay FSDP1 with it.

@@ -154,7 +154,12 @@ class WrapCall(Rule):
             plan = self._plan(site)
             converts = not plan.problems and not site.in_dual_version
             why = self.ctx.program.constructor(
-                site.node, converts=converts, stack=site.stack, reads=_read_at_run_time(plan), part_of_world=_part_of_world(plan)
+                site.node,
+                converts=converts,
+                stack=site.stack,
+                reads=_read_at_run_time(plan),
+                part_of_world=_part_of_world(plan),
+                own_group=plan.process_group is not None or plan.device_mesh is not None,
             )
             if why is not None:
                 plan.problems.append(Problem(site.node, BLOCKED, _LEFT_AS_IS + why))
