@@ -136,7 +136,11 @@ def _rewrite_module(ctx: FileContext, module: cst.Module, data: bytes, selection
     diagnostics = ctx.diagnostics()
     if not dispatcher.changed:
         return RewriteResult(path, data, data, diagnostics, module.encoding)
-    new_data = finish_module(new_module, ctx.imports, ctx.helpers, module).bytes
+    verdict = ctx.program.verdict
+    finished, ctx.program.facts.dropped_imports = finish_module(
+        new_module, ctx.imports, ctx.helpers, module, verdict.kept_imports if verdict is not None else frozenset()
+    )
+    new_data = finished.bytes
     if new_data != data:
         cst.parse_module(new_data)  # never hand back code that does not parse
     return RewriteResult(path, data, new_data, diagnostics, module.encoding)

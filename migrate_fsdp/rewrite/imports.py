@@ -150,11 +150,13 @@ def _relaid(layout, comment_from, lines_too: bool = True):
 class _DropUnusedImports(cst.CSTTransformer):
     """Drops the imports nobody uses any more: FSDP1's, and those the input used."""
 
-    def __init__(self, used: _UsedNames, used_before: _UsedNames, used_before_anywhere: _UsedNames) -> None:
+    def __init__(self, used: _UsedNames, used_before: _UsedNames, used_before_anywhere: _UsedNames, kept: frozenset) -> None:
         super().__init__()
         self.used = used
         self.used_before = used_before
         self.used_before_anywhere = used_before_anywhere
+        self.kept = kept  # module-level names other files of the program import from this one
+        self.dropped: set[str] = set()  # module-level names whose FSDP imports went
         self.functions: list[_UsedNames] = []  # the uses inside each enclosing function, innermost last
         self.emptied: set[int] = set()  # ids of the original import lines dropped whole
         self.keeps_fsdp1 = False  # some FSDP1 import is still used: the file stays partly FSDP1
@@ -193,6 +195,15 @@ class _DropUnusedImports(cst.CSTTransformer):
         return updated.with_changes(names=_without_trailing_comma(kept, updated.names))
 
     def _drop(self, qualified: str, alias: cst.ImportAlias) -> bool:
+        dropped = self._unused(qualified, alias)
+        if dropped and not self.functions and qualified.startswith(FSDP_PACKAGE + "."):
+            bound = dotted(alias.asname.name) if alias.asname is not None else dotted(alias.name).split(".", 1)[0]
+            if bound in self.kept:
+                return False  # imported from here by another file: a re-export
+            self.dropped.add(bound)
+        return dropped
+
+    def _unused(self, qualified: str, alias: cst.ImportAlias) -> bool:
         # An import inside a function serves that function only.
         used, used_before = (self.functions[-1], self.used_before_anywhere) if self.functions else (self.used, self.used_before)
         by_chain = is_fsdp1(qualified)
@@ -465,8 +476,11 @@ def _used_names(module: cst.Module, scoped: bool = True) -> _UsedNames:
     return used
 
 
-def finish_module(module: cst.Module, imports: dict, helpers: dict, original: cst.Module) -> cst.Module:
-    """Add the helpers and the requested imports the output uses, then drop the imports nobody uses any more."""
+def finish_module(
+    module: cst.Module, imports: dict, helpers: dict, original: cst.Module, kept: frozenset = frozenset()
+) -> tuple[cst.Module, set[str]]:
+    """Add the helpers and the requested imports the output uses, then drop the imports nobody uses any more
+    (except module-level names in `kept`); also the module-level names whose imports were dropped."""
     body = list(module.body)
     if helpers:
         _add_helpers(body, helpers)
@@ -474,8 +488,9 @@ def finish_module(module: cst.Module, imports: dict, helpers: dict, original: cs
     used = _used_names(module)
     _add_imports(body, imports, used)
     module = module.with_changes(body=body).visit(_ImportsIntoFunctions(imports))
-    module = module.visit(_DropUnusedImports(used, _used_names(original), _used_names(original, scoped=False)))
-    return module.visit(_DropDeadBlocks())
+    dropper = _DropUnusedImports(used, _used_names(original), _used_names(original, scoped=False), kept)
+    module = module.visit(dropper)
+    return module.visit(_DropDeadBlocks()), dropper.dropped
 
 
 class _ImportsIntoFunctions(cst.CSTTransformer):

@@ -31,6 +31,7 @@ import libcst as cst
 from migrate_fsdp.rewrite.analysis.escapes import escapes
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
+from migrate_fsdp.rewrite.analysis.reexports import imported_elsewhere
 from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
 from migrate_fsdp.rewrite.analysis.value_flow import ValueFlow
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
@@ -73,6 +74,7 @@ class FileFacts:
     part_of_world: bool = False  # a constructor here may shard its model over some ranks only
     own_groups: bool = False  # ... over a process group or device mesh of the user's
     asked_about_world: bool = False  # a rule asked whether any model of the program may be
+    dropped_imports: set = field(default_factory=set)  # module-level names whose FSDP imports the rewrite dropped
 
 
 @dataclass(frozen=True)
@@ -94,10 +96,18 @@ class Verdict:
     assumed: bool = False  # the first rewrite assumed the program builds FSDP1 models; it builds none
     part_of_world: bool = False  # a model of the program may be sharded over some ranks only (Gate.part_of_world)
     own_groups: bool = False  # ... over a process group or device mesh of the user's (Gate.own_groups)
+    kept_imports: frozenset = frozenset()  # names another file imports from this one: their imports stay
 
     def __bool__(self) -> bool:
         return bool(
-            self.blocked or self.denied or self.settings or self.fsdp1_receivers or self.builds_fsdp1 or self.assumed or self.part_of_world
+            self.blocked
+            or self.denied
+            or self.settings
+            or self.fsdp1_receivers
+            or self.builds_fsdp1
+            or self.assumed
+            or self.part_of_world
+            or self.kept_imports
         )
 
 
@@ -120,6 +130,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         return site
 
     remote_calls = RemoteCalls(sources or {})
+    reexported = imported_elsewhere({f.path: f.dropped_imports for f in facts if f.dropped_imports}, sources or {}, remote_calls)
     _tie_handed_on(facts, remote_calls)
     adopted = _adopt_unsure_receivers(facts, sources or {})
     for file in facts:
@@ -169,6 +180,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             fsdp1_receivers=adopted.get(file.path, set()),
             part_of_world=file.asked_about_world and any(f.part_of_world for f in facts),
             own_groups=file.asked_about_world and any(f.own_groups for f in facts),
+            kept_imports=reexported.get(file.path, frozenset()),
         )
         for position, converts in file.constructors.items():
             site = (file.path, position)

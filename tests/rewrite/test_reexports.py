@@ -1,0 +1,46 @@
+"""An FSDP import another file takes from a rewritten module stays there: dropping it would break that file."""
+
+from migrate_fsdp.rewrite.api import ParsedFile, rewrite_program
+from migrate_fsdp.rewrite.selection import Selection
+
+PACKAGE = b'''import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+
+
+def wrap(net):
+    return FSDP(net, device_id=torch.device("cpu"))
+'''
+
+# Names nothing rewrites: this file does not spell the FSDP package, so it is not even parsed.
+CONSUMER = b'''from pkg import FSDP, wrap
+
+
+def main(net):
+    return wrap(net), FSDP
+'''
+
+
+def _rewrite(files):
+    selection = Selection.from_prefixes(None, None)
+    sources = dict(files)
+    parsed = [ParsedFile(data, path, selection, True) for path, data in files.items()]
+    return {r.path: r.new_source.decode() for r in rewrite_program(parsed, sources)}
+
+
+def test_a_reexported_import_is_kept_and_the_rest_goes():
+    out = _rewrite({"pkg/__init__.py": PACKAGE, "train.py": CONSUMER})
+    package = out["pkg/__init__.py"]
+    assert "fully_shard(net, mesh=mesh)" in package
+    assert "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, fully_shard\n" in package
+    assert out["train.py"] == CONSUMER.decode()
+
+
+def test_a_star_import_keeps_every_dropped_name():
+    out = _rewrite({"pkg/__init__.py": PACKAGE, "train.py": b"from pkg import *\n"})
+    assert "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy, fully_shard\n" in out["pkg/__init__.py"]
+
+
+def test_without_importers_the_unused_imports_go():
+    out = _rewrite({"pkg/__init__.py": PACKAGE, "train.py": b"from pkg import wrap\n"})
+    assert "FullyShardedDataParallel" not in out["pkg/__init__.py"]
+    assert "from torch.distributed.fsdp import fully_shard\n" in out["pkg/__init__.py"]
