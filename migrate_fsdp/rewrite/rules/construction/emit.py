@@ -117,7 +117,7 @@ class Emitter:
         settings = self.mixed_precision
         if isinstance(settings, RunTime) and self.statements_allowed:  # converted once, read by every statement
             settings = self.mixed_precision = RunTime(self._variable(setup, "mixed_precision", settings.converted, "fsdp_mixed_precision"))
-        root_policy = mp.policy(settings, root=True) if settings else None
+        root_policy = mp.policy(settings, root=not plan.site.placed_in_parent) if settings else None
         sharding = plan.sharding
         if sharding is not None and plan.has_children and self.statements_allowed and not isinstance(sharding, cst.Name):
             sharding = self._variable(setup, "sharding", sharding, "fsdp_sharding")

@@ -53,6 +53,17 @@ class CallSite:
         small = self.statement.body[0]
         return small.targets[0].target if isinstance(small, cst.Assign) else small.target
 
+    @property
+    def placed_in_parent(self) -> bool:
+        """`model.blocks[i] = FSDP(block)`, `model.layer = FSDP(model.layer)`: wrapped by hand as a part of a model
+        that is wrapped later, which FSDP1 made a non-root unit at its first forward (it casts no inputs then)."""
+        target = self.target
+        if isinstance(target, cst.Subscript):
+            return True
+        module = self.node.args[0].value if self.node.args and self.node.args[0].keyword is None else None
+        code = cst.Module([]).code_for_node
+        return isinstance(target, cst.Attribute) and module is not None and code(target) == code(module)
+
 
 @dataclass
 class Strategy:

@@ -35,7 +35,9 @@ from migrate_fsdp.rewrite.rules.training.state_dicts import (
     Settings,
     UsesStateDictPlan,
 )
-from migrate_fsdp.rewrite.syntax import dotted, subtree_ids
+from migrate_fsdp.rewrite.syntax import dotted, subtree_ids, walk
+
+_SHARDED_LOADER = "torch.distributed.checkpoint.optimizer.load_sharded_optimizer_state_dict"
 
 _LOADERS = {
     # method: (signature, state-dict type, broadcast from rank 0)
@@ -146,9 +148,38 @@ class OptimStateDict(UsesStateDictPlan):
             return self._report(original, "`is_named_optimizer=True` (TorchRec/NamedOptimizer) is not converted")
         if not self._default_group(bound):
             return None
+        if self._from_sharded_loader(bound["optim_state_dict"].value):
+            return self._report(
+                original,
+                "its state comes from `load_sharded_optimizer_state_dict` (FSDP1's ShardedTensor form); with FSDP2 "
+                "load into `{key: get_optimizer_state_dict(model, optim)}` with `dcp.load(...)`, then set it",
+            )
         load_directly = literal_bool(bound["load_directly"].value) if "load_directly" in bound else False
         broadcast = settings.kind == FULL and settings.optim_rank0
         return self._load(original, updated, bound, settings.kind, broadcast, bound["optim"], load_directly)
+
+    def _from_sharded_loader(self, node) -> bool:
+        """`osd` (or `osd["optim"]`) assigned from torch.distributed.checkpoint's load_sharded_optimizer_state_dict,
+        whose ShardedTensors only FSDP1's loader takes: FSDP2's setter would hand them to the optimizer."""
+        while isinstance(node, cst.Subscript):
+            node = node.value
+        if isinstance(node, cst.Call):
+            return self.ctx.matches(node.func, _SHARDED_LOADER)
+        if not isinstance(node, cst.Name):
+            return False
+        assigned = [a.node for a in assignments_of(self.ctx.scope(node), node.value)]
+        return any(
+            isinstance(statement, cst.Assign) and isinstance(statement.value, cst.Call) and self.ctx.matches(statement.value.func, _SHARDED_LOADER)
+            for statement in (self._assign_of(target) for target in assigned)
+        )
+
+    def _assign_of(self, target):
+        """The Assign statement binding the Name `target` in the function (or module) at hand, if it is one."""
+        where = next((n.body for n in reversed(self.ctx.stack) if isinstance(n, cst.FunctionDef)), self.ctx.module)
+        for found, parents in walk(where):
+            if found is target and len(parents) >= 2 and isinstance(parents[-1], cst.AssignTarget) and isinstance(parents[-2], cst.Assign):
+                return parents[-2]
+        return None
 
     def _bind_to_load(self, call: cst.Call):
         """The arguments by name, for the current `(model, optim, osd)` or the legacy `(osd, model, optim)` order.
