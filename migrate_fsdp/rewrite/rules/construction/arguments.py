@@ -275,7 +275,18 @@ class Definitions:
 _LOG_METHODS = frozenset(("debug", "info", "warning", "warn", "error", "critical", "exception", "log"))
 
 # Calls that build a value and do nothing else: evaluating one twice (in a dict the program keeps and at the call) is harmless.
-_BUILDERS = ("torch.distributed.fsdp.", "functools.partial", "builtins.set", "builtins.frozenset", "builtins.dict", "builtins.tuple")
+_BUILDERS = (
+    "torch.distributed.fsdp.",
+    "functools.partial",
+    "builtins.set",
+    "builtins.frozenset",
+    "builtins.dict",
+    "builtins.tuple",
+    # the device a value names, read again: the same while the script does not change the current device between
+    "torch.device",
+    "torch.cuda.current_device",
+    "torch.accelerator.current_device_index",
+)
 
 
 def _evaluable_twice(ctx, expression) -> bool:
