@@ -56,6 +56,14 @@ class ShardingStrategyRule(KeywordRule):
             # A name for something computed elsewhere: read it at run time, where it is.
             self.analysis.unfollow(definition, plan)
             value = argument.value
+        possible = self._possible(value, plan)
+        if possible and possible <= {"FULL_SHARD", "SHARD_GRAD_OP"} and self._written_here(value):
+            # Only the reshard flag tells those two apart: the call's own table or choice gives it, no helper needed.
+            reshard = self._mapped(value, {"FULL_SHARD": cst.Name("None"), "SHARD_GRAD_OP": cst.Name("False")})
+            if possible != {"FULL_SHARD"}:
+                plan.kwargs["reshard_after_forward"] = (reshard, argument.arg)
+            plan.strategy = Strategy("FULL_SHARD", None, possible)
+            return
         self._tables_by_name(value, plan)
         for assigned in self.analysis.assigned_on_branches(value, plan) or ():
             # `strategy = ShardingStrategy.X` / `if ...: strategy = ...`: each assignment gives the name instead
@@ -95,6 +103,24 @@ class ShardingStrategyRule(KeywordRule):
             return None
         members = [self.member(e.value) if isinstance(e, cst.DictElement) else None for e in table.elements]
         return None if None in members else frozenset(members)
+
+    def _written_here(self, node) -> bool:
+        """A dict of members looked up, or a choice between members, written out at the call (a named table
+        stays the user's vocabulary)."""
+        if isinstance(node, cst.IfExp):
+            return self._written_here(node.body) and self._written_here(node.orelse)
+        return self.member(node) is not None or (isinstance(node, cst.Subscript) and isinstance(node.value, cst.Dict))
+
+    def _mapped(self, node, replacements: dict) -> cst.BaseExpression:
+        """`node`, a lookup in a dict of members or a choice of members, each member replaced by `replacements[member]`."""
+        rule = self
+
+        class _Replace(cst.CSTTransformer):
+            def leave_Attribute(self, original, updated):
+                member = rule.member(original)
+                return updated if member is None else replacements[member]
+
+        return node.visit(_Replace())
 
     def _tables_by_name(self, node, plan) -> None:
         """`TABLE[key]` where only this call reads TABLE, a dict of ShardingStrategy members: its values become their names.
