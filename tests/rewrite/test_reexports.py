@@ -35,12 +35,22 @@ def test_a_reexported_import_is_kept_and_the_rest_goes():
     assert out["train.py"] == CONSUMER.decode()
 
 
-def test_a_star_import_keeps_every_dropped_name():
-    out = _rewrite({"pkg/__init__.py": PACKAGE, "train.py": b"from pkg import *\n"})
-    assert "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy, fully_shard\n" in out["pkg/__init__.py"]
+def test_a_star_import_keeps_the_names_its_file_uses():
+    out = _rewrite({"pkg/__init__.py": PACKAGE, "train.py": b"from pkg import *\n\nmodel = FSDP\n"})
+    assert "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, fully_shard\n" in out["pkg/__init__.py"]
 
 
 def test_without_importers_the_unused_imports_go():
     out = _rewrite({"pkg/__init__.py": PACKAGE, "train.py": b"from pkg import wrap\n"})
     assert "FullyShardedDataParallel" not in out["pkg/__init__.py"]
     assert "from torch.distributed.fsdp import fully_shard\n" in out["pkg/__init__.py"]
+
+
+def test_a_star_import_passes_names_on_only_where_they_are_taken():
+    passes_on = b"from pkg import *\n"
+    taken = {"pkg/__init__.py": PACKAGE, "utils/__init__.py": passes_on, "train.py": b"from utils import FSDP\n"}
+    assert "FullyShardedDataParallel as FSDP, fully_shard\n" in _rewrite(taken)["pkg/__init__.py"]
+    named_there = {"pkg/__init__.py": PACKAGE, "utils/__init__.py": passes_on + b"print(ShardingStrategy)\n"}
+    assert "import ShardingStrategy, fully_shard\n" in _rewrite(named_there)["pkg/__init__.py"]
+    untaken = {"pkg/__init__.py": PACKAGE, "utils/__init__.py": passes_on, "train.py": b"from utils import wrap\n"}
+    assert "from torch.distributed.fsdp import fully_shard\n" in _rewrite(untaken)["pkg/__init__.py"]
