@@ -68,7 +68,14 @@ def assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
     A value the user wrote over several lines inside an argument list, moved here, keeps the indentation of
     its old place; it is written on one line when that is short and loses no comment.
     """
-    return cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], _one_line(value))])
+    value = _one_line(value)
+    if "\n" in cst.Module([]).code_for_node(value) and not value.lpar and not isinstance(value, _BRACKETED):
+        value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])  # its line breaks need brackets
+    return cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], value)])
+
+
+# Values whose own brackets hold their line breaks (a Call's or Subscript's may also be in what they apply to).
+_BRACKETED = (cst.Dict, cst.List, cst.Set, cst.DictComp, cst.ListComp, cst.SetComp)
 
 
 _ONE_LINE_WIDTH = 120
@@ -112,9 +119,19 @@ class _OneLine(cst.CSTTransformer):
         return self._inner(updated, "whitespace_before")
 
     def leave_Call(self, original, updated):
-        if updated.args and isinstance(updated.args[-1].comma, cst.Comma):  # `f(a, b,)` over lines: no trailing comma
-            updated = updated.with_changes(args=[*updated.args[:-1], updated.args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
-        return updated
+        return updated.with_changes(args=_no_trailing_comma(updated.args))  # `f(a, b,)` over lines
+
+    def leave_Dict(self, original, updated):
+        return updated.with_changes(elements=_no_trailing_comma(updated.elements))
+
+    def leave_List(self, original, updated):
+        return updated.with_changes(elements=_no_trailing_comma(updated.elements))
+
+
+def _no_trailing_comma(items) -> list:
+    if items and isinstance(items[-1].comma, cst.Comma):
+        return [*items[:-1], items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+    return list(items)
 
 
 def keyword(name: str, value, comma=cst.MaybeSentinel.DEFAULT) -> cst.Arg:

@@ -7,9 +7,15 @@ all-gathers that one parameter (the seed tutorial's state-dict section,
 /work/shared/seeds/002). The rewrite handles the read-only use it can prove
 safe:
 
-    with FSDP.summon_full_params(model):          for name, p in model.named_parameters():
-        for name, p in model.named_parameters():      p = p.full_tensor() if isinstance(p, DTensor) else p
-            print(name, p.sum())                       print(name, p.sum())
+    with FSDP.summon_full_params(model):          for fsdp_module in model.modules():
+        for name, p in model.named_parameters():      if isinstance(fsdp_module, FSDPModule):
+            print(name, p.sum())                           fsdp_module.reshard()
+                                                   for name, p in model.named_parameters():
+                                                       p = p.full_tensor() if isinstance(p, DTensor) else p
+                                                       print(name, p.sum())
+
+(resharding first: after an evaluation, FSDP2 leaves the root unsharded, its
+parameters the working copies, bf16 under mixed precision).
 
 It requires every rank to run the gathering: the loop (or comprehension)
 must sit directly in the `with` block, not under a condition, and its body
@@ -29,6 +35,7 @@ from migrate_fsdp.rewrite.rules.training.base import (
     bind,
     from_template,
     literal_bool,
+    statement_from_template,
 )
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
 from migrate_fsdp.rewrite.syntax import dotted, walk
@@ -220,8 +227,22 @@ class SummonFullParams(RemovesStatements):
     def leave_With(self, original: cst.With, updated):
         updated = self.attach_pending(original, updated)
         plan = self._plans.pop(id(original), None)
-        return self.unwrap_with(updated, plan[0]) if plan is not None else updated
+        if plan is None:
+            return updated
+        call = updated.items[plan[0]].item
+        model = next(arg.value for arg in call.args if arg.keyword is None or arg.keyword.value == "module")
+        body = updated.body.with_changes(body=[*self._resharded(original, model), *updated.body.body])
+        return self.unwrap_with(updated.with_changes(body=body), plan[0])
 
+    def _resharded(self, original: cst.With, model) -> list[cst.BaseStatement]:
+        """FSDP2 leaves a module unsharded after a forward no backward followed (an evaluation under no_grad): its
+        parameters are then the working copies, in param_dtype under mixed precision. Resharding first gives every
+        parameter back as the full-precision DTensor FSDP1 gathered."""
+        fsdp_module = self.ctx.require_import("torch.distributed.fsdp", "FSDPModule")
+        scope = self.ctx.scope(original)
+        var = next(name for name in ("fsdp_module", "fsdp_module_2", "fsdp_module_3") if scope is None or name not in scope)
+        template = f"for {var} in MODEL.modules():\n    if isinstance({var}, {fsdp_module}):\n        {var}.reshard()\n"
+        return [statement_from_template(template, MODEL=model)]
 
 def _parameter_target(target, named: bool) -> str | None:
     """`p` of `for p in model.parameters()` / `for name, p in model.named_parameters()`."""
