@@ -14,6 +14,9 @@ name says fsdp (`enable_fsdp`, `cfg.fsdp`, `is_fsdp`), or an equality with a
 string or member naming it (`== "fsdp"`, `== DistributedStrategy.fsdp`); the
 branch is the body of a plain test, the else of a negated one. `or` tests
 prove nothing.
+
+`isinstance(model, FSDP)` says it outright: under it, `model` is an FSDP1 model
+(`model.module if isinstance(model, FSDP) else model`), wherever it came from.
 """
 
 import libcst as cst
@@ -64,3 +67,20 @@ def _value_says_fsdp(node) -> bool:
 def _says_fsdp(word: str) -> bool:
     word = word.lower()
     return "fsdp" in word and "fsdp2" not in word and not word.startswith(("no_fsdp", "not_fsdp", "disable"))
+
+
+def checked_instance(ctx, stack, receiver: str, cls: str) -> bool:
+    """Whether the innermost node of `stack` runs only when `isinstance(receiver, cls)` is true (`receiver`: the
+    code of a name or attribute chain, `cls`: a qualified class name)."""
+    for index, node in enumerate(stack[:-1]):
+        if isinstance(node, (cst.If, cst.IfExp)) and stack[index + 1] is node.body:
+            test = node.test
+            if (
+                isinstance(test, cst.Call)
+                and ctx.matches(test.func, "builtins.isinstance")
+                and len(test.args) == 2
+                and dotted(test.args[0].value) == receiver
+                and ctx.matches(test.args[1].value, cls)
+            ):
+                return True
+    return False

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.escapes import escapes
+from migrate_fsdp.rewrite.analysis.guards import checked_instance
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
 from migrate_fsdp.rewrite.analysis.reexports import imported_elsewhere
@@ -376,11 +377,16 @@ class Gate:
         if self.verdict is not None or self.ctx.dual_versions.holds(stack):
             return
         ties, untied, _ = self._origins(node, stack)
-        if not ties and (unsure or _takes_an_fsdp1_model(self.ctx, node)):
+        if not ties and (unsure or _takes_an_fsdp1_model(self.ctx, node) or self._checked_fsdp1(node, stack)):
             untied = True
         if ties or untied:
             use = Use(code, frozenset(ties), untied, _function(stack), _handed_in(node, stack), unsure=unsure and not ties)
             self.facts.staying[(self.ctx.position(node), code)] = use
+
+    def _checked_fsdp1(self, node, stack) -> bool:
+        """`node` runs only where `isinstance(m, FSDP)` holds for a model it names: it takes an FSDP1 model."""
+        inside = (*stack, node) if not stack or stack[-1] is not node else stack
+        return any(checked_instance(self.ctx, inside, dotted(e), FSDP_CLASS) for e in _model_expressions(node))
 
     def _origins(self, node, stack) -> tuple[set, bool, bool]:
         """(positions of the constructors, a model out of sight, an FSDP2 module) that may reach `node`."""

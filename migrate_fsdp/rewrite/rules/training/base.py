@@ -8,7 +8,7 @@ rule that needs one of these hooks for itself calls `super()` first.
 import libcst as cst
 
 from migrate_fsdp.rewrite.rule import FSDP2_MODELS, Rule
-from migrate_fsdp.rewrite.analysis.guards import in_fsdp_branch
+from migrate_fsdp.rewrite.analysis.guards import checked_instance, in_fsdp_branch
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, FsdpModels, Kind, assignments_of, fsdp_models
 from migrate_fsdp.rewrite.syntax import chain_root, dotted
 
@@ -111,7 +111,15 @@ class TrainingRule(Rule):
         return self.ctx.matches(call.func, *_CASTS) and call.args[0] is parent
 
     def receiver_kind(self, func: cst.Attribute) -> Kind:
-        return self.models.kind(func.value) if dotted(func.value) else Kind.UNKNOWN
+        """What the receiver of `func` is; an FSDP1 model also where the code runs only if
+        `isinstance(receiver, FSDP)` holds (`m.module if isinstance(m, FSDP) else m`)."""
+        receiver = dotted(func.value)
+        if not receiver:
+            return Kind.UNKNOWN
+        kind = self.models.kind(func.value)
+        if kind is Kind.UNKNOWN and checked_instance(self.ctx, self.ctx.stack, receiver, FSDP_CLASS):
+            return Kind.FSDP
+        return kind
 
     def model_method_receiver_kind(self, func: cst.Attribute) -> Kind:
         """`receiver_kind` for a method only FSDP1 models have among modules (`clip_grad_norm_(max_norm)`,

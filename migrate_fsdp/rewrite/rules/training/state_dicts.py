@@ -331,18 +331,36 @@ class StateDictPlan:
             problems.append(self._set_context_escape(context, stack))
         holders = _holders(context.model)
         chain = holders | {context.model}  # `trainer` inside `trainer.model` is the model, not its holder
+        optimizers = self._optimizers(region)  # `self.opt` given to FSDP's optimizer-state API: a torch optimizer
         for node, parents in walk(*region):
             if not isinstance(node, (cst.Name, cst.Attribute)):
                 continue
             name = dotted(node)
             if name == context.model:
                 problems.append(self._region_use(context, node, parents, optim_rule_selected))
-            elif name in holders and not (parents and dotted(parents[-1]) in chain) and not self._handed_to_fsdp(node, parents):
+            elif (
+                name in holders
+                and not (parents and dotted(parents[-1]) in chain | optimizers)
+                and not self._handed_to_fsdp(node, parents)
+            ):
                 # `trainer.save_model()` under a setting on `trainer.model`: the holder reaches the model out of sight
                 problems.append(
                     f"`{name}` holds `{context.model}` and may read the setting out of sight ({self._describe(node, parents)})"
                 )
         return next((p for p in problems if p is not None), None)
+
+    def _optimizers(self, region) -> set[str]:
+        """The optimizers (`self.opt`) that FSDP's optimizer-state calls in `region` take: their own methods
+        (`self.opt.load_state_dict(osd)`) read no setting of the model."""
+        found = set()
+        for node, _ in walk(*region):
+            if isinstance(node, cst.Call) and self._fsdp_method(node.func) in CONTEXT_OPTIM_METHODS:  # (model, optim, ...)
+                positional = [arg for arg in node.args if arg.keyword is None and not arg.star]
+                keyword = [arg for arg in node.args if arg.keyword is not None and arg.keyword.value == "optim"]
+                optim = keyword[0] if keyword else positional[1] if len(positional) > 1 else None
+                if optim is not None and dotted(optim.value):
+                    found.add(dotted(optim.value))
+        return found
 
     def _handed_to_fsdp(self, node, parents) -> bool:
         """`FSDP.optim_state_dict(self.model, self.opt)`: an attribute of the holder given to FSDP's own API, which
