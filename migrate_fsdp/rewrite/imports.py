@@ -4,8 +4,8 @@ The aim is an output with no pyflakes finding its input did not have. An
 import is dropped when nothing in the rewritten file uses the name it binds
 any more and the input used it (the rewrite took its last use away:
 `functools` of a removed `functools.partial(...)` policy), or it is FSDP1's
-and the file keeps no FSDP1 at all (an FSDP1 file that stays partly FSDP1
-keeps the imports it did not use, as they were); an
+and the file keeps no FSDP1 at all or got FSDP2 code (a file that only gets
+TODO comments keeps the imports it did not use, as they were); an
 unconverted use keeps its import, next to its TODO. Names in string
 annotations count as uses. FSDP2 names the rules asked for are added once and
 only when the output uses them, merged into an existing `from M import ...`
@@ -150,8 +150,11 @@ def _relaid(layout, comment_from, lines_too: bool = True):
 class _DropUnusedImports(cst.CSTTransformer):
     """Drops the imports nobody uses any more: FSDP1's, and those the input used."""
 
-    def __init__(self, used: _UsedNames, used_before: _UsedNames, used_before_anywhere: _UsedNames, kept: frozenset) -> None:
+    def __init__(
+        self, used: _UsedNames, used_before: _UsedNames, used_before_anywhere: _UsedNames, kept: frozenset, converted: bool
+    ) -> None:
         super().__init__()
+        self.converted = converted  # the rewrite wrote FSDP2 code here (not only TODO comments)
         self.used = used
         self.used_before = used_before
         self.used_before_anywhere = used_before_anywhere
@@ -207,8 +210,8 @@ class _DropUnusedImports(cst.CSTTransformer):
         # An import inside a function serves that function only.
         used, used_before = (self.functions[-1], self.used_before_anywhere) if self.functions else (self.used, self.used_before)
         by_chain = is_fsdp1(qualified)
-        if by_chain and not self.keeps_fsdp1:
-            return not _uses(used, alias, by_chain=True)  # a file now free of FSDP1 keeps none of its imports
+        if by_chain and (self.converted or not self.keeps_fsdp1):
+            return not _uses(used, alias, by_chain=True)  # a migrated file keeps no FSDP1 import it does not use
         if not _uses(used_before, alias, by_chain=by_chain):
             return False  # unused in the input too: a re-export or a side effect, not ours to judge
         return not _uses(used, alias, by_chain=by_chain)
@@ -488,7 +491,7 @@ def finish_module(
     used = _used_names(module)
     _add_imports(body, imports, used)
     module = module.with_changes(body=body).visit(_ImportsIntoFunctions(imports))
-    dropper = _DropUnusedImports(used, _used_names(original), _used_names(original, scoped=False), kept)
+    dropper = _DropUnusedImports(used, _used_names(original), _used_names(original, scoped=False), kept, bool(imports))
     module = module.visit(dropper)
     return module.visit(_DropDeadBlocks()), dropper.dropped
 
