@@ -24,7 +24,8 @@ recognised in its current order `(model, optim, osd)`, in the legacy order
 import libcst as cst
 
 from migrate_fsdp.rewrite.rule import OPTIMIZER_STATE
-from migrate_fsdp.rewrite.rules.training.base import bind, literal_bool
+from migrate_fsdp.rewrite.rules.construction.codegen import Names
+from migrate_fsdp.rewrite.rules.training.base import bind, literal_bool, statement_from_template
 from migrate_fsdp.rewrite.analysis.models import assignments_of
 from migrate_fsdp.rewrite.rules.training.state_dicts import (
     ADVICE,
@@ -38,6 +39,7 @@ from migrate_fsdp.rewrite.rules.training.state_dicts import (
 from migrate_fsdp.rewrite.syntax import dotted, subtree_ids, walk
 
 _SHARDED_LOADER = "torch.distributed.checkpoint.optimizer.load_sharded_optimizer_state_dict"
+_NO_SPACE = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 _LOADERS = {
     # method: (signature, state-dict type, broadcast from rank 0)
@@ -60,6 +62,7 @@ class OptimStateDict(UsesStateDictPlan):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._nested: dict[int, cst.Call] = {}  # id(outer load_state_dict call) -> replacement
+        self._sharded_loads: dict[int, tuple] = {}  # id(FSDP1 sharded loader's line) -> (the line, its FSDP2 form)
         self._to_expression: set[int] = set()  # `osd = loader(...)` lines that become a bare call
         self._removed: set[int] = set()  # the `optim.load_state_dict(osd)` lines those make redundant
         self._statement_loads: dict[str, set[int]] = {}  # optimizer -> ids of `osd` in `optimizer.load_state_dict(osd)` lines
@@ -148,15 +151,81 @@ class OptimStateDict(UsesStateDictPlan):
             return self._report(original, "`is_named_optimizer=True` (TorchRec/NamedOptimizer) is not converted")
         if not self._default_group(bound):
             return None
+        sharded_load = None
         if self._from_sharded_loader(bound["optim_state_dict"].value):
-            return self._report(
-                original,
-                "its state comes from `load_sharded_optimizer_state_dict` (FSDP1's ShardedTensor form); with FSDP2 "
-                "load into `{key: get_optimizer_state_dict(model, optim)}` with `dcp.load(...)`, then set it",
-            )
+            sharded_load = self._sharded_load(bound, settings)
+            if sharded_load is None:
+                return self._report(
+                    original,
+                    "its state comes from `load_sharded_optimizer_state_dict` (FSDP1's ShardedTensor form) other than "
+                    "as `osd[key]` read only here, under SHARDED_STATE_DICT; with FSDP2 load into "
+                    "`{key: get_optimizer_state_dict(model, optim)}` with `dcp.load(...)`, then set it",
+                )
         load_directly = literal_bool(bound["load_directly"].value) if "load_directly" in bound else False
         broadcast = settings.kind == FULL and settings.optim_rank0
-        return self._load(original, updated, bound, settings.kind, broadcast, bound["optim"], load_directly)
+        result = self._load(original, updated, bound, settings.kind, broadcast, bound["optim"], load_directly)
+        if result is not None and sharded_load is not None:
+            line, replacement = sharded_load
+            self._sharded_loads[id(line)] = (line, replacement())
+        return result
+
+    def _sharded_load(self, bound, settings):
+        """FSDP1's DCP resume, `osd = load_sharded_optimizer_state_dict(model_state_dict=..., optimizer_key=KEY,
+        storage_reader=R)` then `FSDP.optim_state_dict_to_load(model, optim, osd[KEY])`: (the loader's line, a
+        maker of its FSDP2 form, `osd = {KEY: get_optimizer_state_dict(model, optim)}` and `dcp.load(osd,
+        storage_reader=R)`), when `osd` is bound there only and read here only; None otherwise."""
+        value = bound["optim_state_dict"].value
+        model, optim = bound["model"].value, bound["optim"].value
+        if settings.kind != SHARDED or not isinstance(value, cst.Subscript) or not isinstance(value.value, cst.Name):
+            return None
+        if not (dotted(model) and dotted(optim)) or len(value.slice) != 1 or not isinstance(value.slice[0].slice, cst.Index):
+            return None
+        assignments = assignments_of(self.ctx.scope(value.value), value.value.value)
+        if len(assignments) != 1 or len(assignments[0].references) != 1:
+            return None
+        found = self._assign_of(assignments[0].node, line_too=True)
+        if found is None:
+            return None
+        assign, line = found
+        loader = bind(assign.value, ("model_state_dict", "optimizer_key", "storage_reader", "planner"))
+        if loader is None or not {"optimizer_key", "storage_reader"} <= loader.keys():
+            return None
+        key = loader["optimizer_key"].value
+        if self.ctx.code(key) != self.ctx.code(value.slice[0].slice.value):
+            return None
+        name = value.value.value
+
+        def replacement() -> list[cst.BaseStatement]:
+            get = Builder(self.ctx).call("get_optimizer_state_dict", [model, optim], None)
+            load = Names(self.ctx).ref(line, "torch.distributed.checkpoint.load")  # `dcp.load` where dcp is imported
+            readers = [cst.Arg(loader[k].value, keyword=cst.Name(k), equal=_NO_SPACE) for k in ("storage_reader", "planner") if k in loader]
+            return [
+                statement_from_template(f"{name} = {{KEY: GET}}", KEY=key, GET=get),
+                cst.SimpleStatementLine([cst.Expr(cst.Call(cst.parse_expression(load), [cst.Arg(cst.Name(name)), *readers]))]),
+            ]
+
+        return line, replacement
+
+    def leave_IndentedBlock(self, original, updated):
+        return super().leave_IndentedBlock(original, self._replace_sharded_loads(original, updated))
+
+    def leave_Module(self, original, updated):
+        return super().leave_Module(original, self._replace_sharded_loads(original, updated))
+
+    def _replace_sharded_loads(self, original, updated):
+        """The FSDP2 form of each FSDP1 sharded optimizer load of this block whose use converted (the load
+        comes first, so it changes once its block is left); the loader's line is unchanged, found by value."""
+        lines = [self._sharded_loads.pop(id(statement)) for statement in original.body if id(statement) in self._sharded_loads]
+        if not lines:
+            return updated
+        body = list(updated.body)
+        for line, replacement in lines:
+            index = next(i for i, statement in enumerate(body) if statement.deep_equals(line) or (
+                isinstance(statement, cst.SimpleStatementLine) and statement.body[0].deep_equals(line.body[0])
+            ))
+            replacement[0] = replacement[0].with_changes(leading_lines=body[index].leading_lines)
+            body[index : index + 1] = replacement
+        return updated.with_changes(body=body)
 
     def _from_sharded_loader(self, node) -> bool:
         """`osd` (or `osd["optim"]`) assigned from torch.distributed.checkpoint's load_sharded_optimizer_state_dict,
@@ -173,12 +242,16 @@ class OptimStateDict(UsesStateDictPlan):
             for statement in (self._assign_of(target) for target in assigned)
         )
 
-    def _assign_of(self, target):
-        """The Assign statement binding the Name `target` in the function (or module) at hand, if it is one."""
+    def _assign_of(self, target, line_too: bool = False):
+        """The Assign statement binding the Name `target` in the function (or module) at hand, if it is one
+        (with `line_too`: and its line, when it is the line's only statement)."""
         where = next((n.body for n in reversed(self.ctx.stack) if isinstance(n, cst.FunctionDef)), self.ctx.module)
         for found, parents in walk(where):
             if found is target and len(parents) >= 2 and isinstance(parents[-1], cst.AssignTarget) and isinstance(parents[-2], cst.Assign):
-                return parents[-2]
+                if not line_too:
+                    return parents[-2]
+                line = parents[-3] if len(parents) >= 3 else None
+                return (parents[-2], line) if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
         return None
 
     def _bind_to_load(self, call: cst.Call):
