@@ -180,11 +180,6 @@ def from_template(template: str, **values: cst.BaseExpression) -> cst.BaseExpres
     return cst.parse_expression(template).visit(_Substitute(values))
 
 
-def statement_from_template(template: str, **values: cst.BaseExpression) -> cst.BaseStatement:
-    """`from_template` for one statement."""
-    return cst.parse_statement(template).visit(_Substitute(values))
-
-
 class _Substitute(cst.CSTTransformer):
     def __init__(self, values: dict) -> None:
         super().__init__()

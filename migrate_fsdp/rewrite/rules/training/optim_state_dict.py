@@ -24,8 +24,8 @@ recognised in its current order `(model, optim, osd)`, in the legacy order
 import libcst as cst
 
 from migrate_fsdp.rewrite.rule import OPTIMIZER_STATE
-from migrate_fsdp.rewrite.rules.construction.codegen import Names
-from migrate_fsdp.rewrite.rules.training.base import bind, literal_bool, statement_from_template
+from migrate_fsdp.rewrite.rules.construction.codegen import Names, call, statements
+from migrate_fsdp.rewrite.rules.training.base import bind, literal_bool
 from migrate_fsdp.rewrite.analysis.models import assignments_of
 from migrate_fsdp.rewrite.rules.training.state_dicts import (
     ADVICE,
@@ -39,7 +39,6 @@ from migrate_fsdp.rewrite.rules.training.state_dicts import (
 from migrate_fsdp.rewrite.syntax import dotted, subtree_ids, walk
 
 _SHARDED_LOADER = "torch.distributed.checkpoint.optimizer.load_sharded_optimizer_state_dict"
-_NO_SPACE = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 _LOADERS = {
     # method: (signature, state-dict type, broadcast from rank 0)
@@ -183,10 +182,9 @@ class OptimStateDict(UsesStateDictPlan):
         assignments = assignments_of(self.ctx.scope(value.value), value.value.value)
         if len(assignments) != 1 or len(assignments[0].references) != 1:
             return None
-        found = self._assign_of(assignments[0].node, line_too=True)
-        if found is None:
+        assign, line = self._assign_of(assignments[0].node)
+        if assign is None or line is None:
             return None
-        assign, line = found
         loader = bind(assign.value, ("model_state_dict", "optimizer_key", "storage_reader", "planner"))
         if loader is None or not {"optimizer_key", "storage_reader"} <= loader.keys():
             return None
@@ -198,11 +196,8 @@ class OptimStateDict(UsesStateDictPlan):
         def replacement() -> list[cst.BaseStatement]:
             get = Builder(self.ctx).call("get_optimizer_state_dict", [model, optim], None)
             load = Names(self.ctx).ref(line, "torch.distributed.checkpoint.load")  # `dcp.load` where dcp is imported
-            readers = [cst.Arg(loader[k].value, keyword=cst.Name(k), equal=_NO_SPACE) for k in ("storage_reader", "planner") if k in loader]
-            return [
-                statement_from_template(f"{name} = {{KEY: GET}}", KEY=key, GET=get),
-                cst.SimpleStatementLine([cst.Expr(cst.Call(cst.parse_expression(load), [cst.Arg(cst.Name(name)), *readers]))]),
-            ]
+            readers = {k: loader[k].value for k in ("storage_reader", "planner") if k in loader}
+            return [*statements(f"{name} = {{KEY: GET}}", KEY=key, GET=get), cst.SimpleStatementLine([cst.Expr(call(load, cst.Name(name), **readers))])]
 
         return line, replacement
 
@@ -239,20 +234,18 @@ class OptimStateDict(UsesStateDictPlan):
         assigned = [a.node for a in assignments_of(self.ctx.scope(node), node.value)]
         return any(
             isinstance(statement, cst.Assign) and isinstance(statement.value, cst.Call) and self.ctx.matches(statement.value.func, _SHARDED_LOADER)
-            for statement in (self._assign_of(target) for target in assigned)
+            for statement, _ in (self._assign_of(target) for target in assigned)
         )
 
-    def _assign_of(self, target, line_too: bool = False):
-        """The Assign statement binding the Name `target` in the function (or module) at hand, if it is one
-        (with `line_too`: and its line, when it is the line's only statement)."""
+    def _assign_of(self, target) -> tuple:
+        """(the Assign statement binding the Name `target` in the function, or module, at hand; its line when it is
+        the line's only statement), each None when there is none."""
         where = next((n.body for n in reversed(self.ctx.stack) if isinstance(n, cst.FunctionDef)), self.ctx.module)
         for found, parents in walk(where):
             if found is target and len(parents) >= 2 and isinstance(parents[-1], cst.AssignTarget) and isinstance(parents[-2], cst.Assign):
-                if not line_too:
-                    return parents[-2]
                 line = parents[-3] if len(parents) >= 3 else None
-                return (parents[-2], line) if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
-        return None
+                return parents[-2], line if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+        return None, None
 
     def _bind_to_load(self, call: cst.Call):
         """The arguments by name, for the current `(model, optim, osd)` or the legacy `(osd, model, optim)` order.

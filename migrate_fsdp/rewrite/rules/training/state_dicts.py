@@ -47,6 +47,10 @@ ADVICE = (
 _FSDP = "torch.distributed.fsdp"
 _CONTEXT_METHODS = ("state_dict_type", "set_state_dict_type")
 _CONTEXT_PARAMS = ("module", "state_dict_type", "state_dict_config", "optim_state_dict_config")
+_CONTEXT_OPTIM_PARAMS = {
+    "optim_state_dict": ("model", "optim", "optim_state_dict", "group"),
+    "optim_state_dict_to_load": ("model", "optim", "optim_state_dict", "is_named_optimizer", "load_directly", "group"),
+}
 # Optimizer-state methods whose result depends on the model's state-dict setting.
 CONTEXT_OPTIM_METHODS = ("optim_state_dict", "optim_state_dict_to_load")
 LEGACY_OPTIM_METHODS = (
@@ -354,12 +358,11 @@ class StateDictPlan:
         (`self.opt.load_state_dict(osd)`) read no setting of the model."""
         found = set()
         for node, _ in walk(*region):
-            if isinstance(node, cst.Call) and self._fsdp_method(node.func) in CONTEXT_OPTIM_METHODS:  # (model, optim, ...)
-                positional = [arg for arg in node.args if arg.keyword is None and not arg.star]
-                keyword = [arg for arg in node.args if arg.keyword is not None and arg.keyword.value == "optim"]
-                optim = keyword[0] if keyword else positional[1] if len(positional) > 1 else None
-                if optim is not None and dotted(optim.value):
-                    found.add(dotted(optim.value))
+            method = self._fsdp_method(node.func) if isinstance(node, cst.Call) else None
+            if method in CONTEXT_OPTIM_METHODS:
+                bound = bind(node, _CONTEXT_OPTIM_PARAMS[method])
+                if bound is not None and "optim" in bound and dotted(bound["optim"].value):
+                    found.add(dotted(bound["optim"].value))
         return found
 
     def _handed_to_fsdp(self, node, parents) -> bool:

@@ -35,9 +35,9 @@ from migrate_fsdp.rewrite.rules.training.base import (
     bind,
     from_template,
     literal_bool,
-    statement_from_template,
 )
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
+from migrate_fsdp.rewrite.rules.construction.codegen import Names, statements
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
 _PARAMS = ("module", "recurse", "writeback", "rank0_only", "offload_to_cpu", "with_grads")
@@ -211,8 +211,8 @@ class SummonFullParams(RemovesStatements):
         return updated.with_changes(iter=from_template(template, ITER=updated.iter))
 
     def _full(self, target: str, offload: bool) -> str:
-        """The full parameter: FSDP2 leaves the root's parameters unsharded after a forward no backward followed
-        (an evaluation under no_grad), plain tensors already whole; the others are DTensors to gather."""
+        """The full parameter: a DTensor gathered; one FSDP2 does not manage (the block reshards the rest first)
+        is a plain tensor, whole already."""
         dtensor = self.ctx.require_import("torch.distributed.tensor", "DTensor")
         cpu = ".cpu()" if offload else ""
         return f"{target}.full_tensor(){cpu} if isinstance({target}, {dtensor}) else {target}{cpu}"
@@ -239,10 +239,10 @@ class SummonFullParams(RemovesStatements):
         parameters are then the working copies, in param_dtype under mixed precision. Resharding first gives every
         parameter back as the full-precision DTensor FSDP1 gathered."""
         fsdp_module = self.ctx.require_import("torch.distributed.fsdp", "FSDPModule")
-        scope = self.ctx.scope(original)
-        var = next(name for name in ("fsdp_module", "fsdp_module_2", "fsdp_module_3") if scope is None or name not in scope)
+        var = Names(self.ctx).fresh(original, "fsdp_module")
         template = f"for {var} in MODEL.modules():\n    if isinstance({var}, {fsdp_module}):\n        {var}.reshard()\n"
-        return [statement_from_template(template, MODEL=model)]
+        return statements(template, MODEL=model)
+
 
 def _parameter_target(target, named: bool) -> str | None:
     """`p` of `for p in model.parameters()` / `for name, p in model.named_parameters()`."""
