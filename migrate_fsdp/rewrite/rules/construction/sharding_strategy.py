@@ -56,13 +56,13 @@ class ShardingStrategyRule(KeywordRule):
             # A name for something computed elsewhere: read it at run time, where it is.
             self.analysis.unfollow(definition, plan)
             value = argument.value
-        possible = self._possible(value, plan)
-        if possible and possible <= {"FULL_SHARD", "SHARD_GRAD_OP"} and self._written_here(value):
+        written = self._possible(value)  # the call's own table or choice (a named table stays the user's vocabulary)
+        if written and written <= {"FULL_SHARD", "SHARD_GRAD_OP"}:
             # Only the reshard flag tells those two apart: the call's own table or choice gives it, no helper needed.
             reshard = self._mapped(value, {"FULL_SHARD": cst.Name("None"), "SHARD_GRAD_OP": cst.Name("False")})
-            if possible != {"FULL_SHARD"}:
+            if written != {"FULL_SHARD"}:
                 plan.kwargs["reshard_after_forward"] = (reshard, argument.arg)
-            plan.strategy = Strategy("FULL_SHARD", None, possible)
+            plan.strategy = Strategy("FULL_SHARD", None, written)
             return
         self._tables_by_name(value, plan)
         for assigned in self.analysis.assigned_on_branches(value, plan) or ():
@@ -84,9 +84,9 @@ class ShardingStrategyRule(KeywordRule):
             )
         plan.strategy = Strategy(None, runtime, self._possible(value, plan))
 
-    def _possible(self, node, plan) -> frozenset[str] | None:
+    def _possible(self, node, plan=None) -> frozenset[str] | None:
         """The members `node` picks from at run time when each is written out: a dict of members looked up
-        (inline or a table only this call reads), or a choice between members."""
+        (inline, or with `plan` also a table only this call reads), or a choice between members."""
         if isinstance(node, cst.IfExp):
             body, orelse = self._possible(node.body, plan), self._possible(node.orelse, plan)
             return None if body is None or orelse is None else body | orelse
@@ -96,20 +96,13 @@ class ShardingStrategyRule(KeywordRule):
         if not isinstance(node, cst.Subscript):
             return None
         table = node.value
-        if not isinstance(table, cst.Dict):
+        if not isinstance(table, cst.Dict) and plan is not None:
             definition = self.analysis.owned(table, plan)
             table = None if definition is None else definition.value
         if not isinstance(table, cst.Dict) or not table.elements:
             return None
         members = [self.member(e.value) if isinstance(e, cst.DictElement) else None for e in table.elements]
         return None if None in members else frozenset(members)
-
-    def _written_here(self, node) -> bool:
-        """A dict of members looked up, or a choice between members, written out at the call (a named table
-        stays the user's vocabulary)."""
-        if isinstance(node, cst.IfExp):
-            return self._written_here(node.body) and self._written_here(node.orelse)
-        return self.member(node) is not None or (isinstance(node, cst.Subscript) and isinstance(node.value, cst.Dict))
 
     def _mapped(self, node, replacements: dict) -> cst.BaseExpression:
         """`node`, a lookup in a dict of members or a choice of members, each member replaced by `replacements[member]`."""
