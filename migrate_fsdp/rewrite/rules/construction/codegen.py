@@ -69,13 +69,14 @@ def assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
     its old place; it is written on one line when that is short and loses no comment.
     """
     value = _one_line(value)
-    if "\n" in cst.Module([]).code_for_node(value) and not value.lpar and not isinstance(value, _BRACKETED):
+    if "\n" in cst.Module([]).code_for_node(value) and not value.lpar and isinstance(value, _UNBRACKETED):
         value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])  # its line breaks need brackets
     return cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], value)])
 
 
-# Values whose own brackets hold their line breaks (a Call's or Subscript's may also be in what they apply to).
-_BRACKETED = (cst.Dict, cst.List, cst.Set, cst.DictComp, cst.ListComp, cst.SetComp)
+# Values whose line breaks may stand outside any bracket of theirs (`a\n if c\n else b` moved out of an argument
+# list); in the others (a dict, a call, a lookup) they can only be inside the value's own brackets.
+_UNBRACKETED = (cst.IfExp, cst.BooleanOperation, cst.BinaryOperation, cst.Comparison, cst.UnaryOperation, cst.Lambda)
 
 
 _ONE_LINE_WIDTH = 120

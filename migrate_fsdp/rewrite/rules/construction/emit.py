@@ -133,7 +133,7 @@ class Emitter:
                 child["mp_policy"] = child_policy if reread else self._variable(setup, "mp_policy", child_policy, "fsdp_mp_policy")
                 if self.ctx.module.code_for_node(child_policy) == self.ctx.module.code_for_node(root_policy):
                     root_policy = child["mp_policy"]
-            for name in ("offload_policy",):
+            for name in ("offload_policy", "reshard_after_forward"):  # every call reads them: evaluated once
                 if name in child and not isinstance(child[name], cst.Name):
                     child[name] = shared[name] = self._variable(setup, name, child[name], f"fsdp_{name}")
             hints = [hint for hint in (plan.policy.var_hint, "module", "submodule") if hint != self.ctx.code(module)]
