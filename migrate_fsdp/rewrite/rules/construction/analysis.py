@@ -44,6 +44,7 @@ class Analysis:
     def note_call(self, node: cst.Call) -> None:
         self.definitions.calls[id(node)] = len(self.order) - 1
         self.definitions.note_logged(node)
+        self.definitions.note_update(node)
         if node.args and self.ctx.matches(node.func, *SET_DEVICE):
             self.current_devices.add(self.ctx.code(node.args[0].value))
         if self.ctx.matches(node.func, "torch.distributed.init_process_group"):

@@ -3,7 +3,7 @@
 Real code passes FSDP1's arguments positionally in its signature order, by
 keyword, through `module=`, and through `**kwargs` built as a dict literal or
 `dict(...)` in the same scope, possibly filled item by item after
-(`kw["mixed_precision"] = mp`, also under an `if`); values are often names assigned once nearby
+(`kw["mixed_precision"] = mp`, `kw.update(mixed_precision=mp)`, also under an `if`); values are often names assigned once nearby
 (`policy = ModuleWrapPolicy({Block})`). This module binds a call and follows
 such names to the expression that gives the value, so that the keyword rules
 see the same thing whatever the spelling.
@@ -58,7 +58,8 @@ class Definition:
 
 @dataclass(frozen=True, eq=False)
 class Fill:
-    """`name["key"] = value` on a line of its own, in the dict's block or in an `if` (no else) there (on its line or in its body)."""
+    """`name["key"] = value` or one item of `name.update(key=value, ...)`, on a line of its own, in the dict's block or in
+    an `if` (no else) there (on its line or in its body)."""
 
     key: str
     value: cst.BaseExpression
@@ -73,6 +74,7 @@ class FilledDict(Definition):
     """A kwargs dict filled item by item after its definition (`kw = {}; kw["mixed_precision"] = mp`)."""
 
     fills: tuple[Fill, ...] = ()
+    emptied: tuple[cst.If, ...] = ()  # the `if`s whose body only fills the dict: they go with it
 
     @property
     def loads(self) -> list[cst.CSTNode]:
@@ -81,8 +83,8 @@ class FilledDict(Definition):
 
     @property
     def statements(self) -> tuple[cst.BaseStatement, ...]:
-        guards = {id(fill.guard): fill.guard for fill in self.fills if fill.guard is not None}
-        return (self.statement, *(fill.statement for fill in self.fills), *guards.values())
+        going = {id(node): node for node in (self.statement, *(fill.statement for fill in self.fills), *self.emptied)}
+        return tuple(going.values())
 
 
 _BACKWARD_PRE = "torch.distributed.fsdp.BackwardPrefetch.BACKWARD_PRE"
@@ -122,40 +124,60 @@ class Definitions:
         self.order = order  # statement id -> position in the file
         self._by_target: dict[int, tuple[cst.Assign | cst.AnnAssign, cst.SimpleStatementLine]] = {}
         self._blocks: dict[int, cst.CSTNode] = {}  # definition statement id -> its block
-        self._fills: dict[int, Fill] = {}  # id(load of the dict's name) -> the fill
+        self._fills: dict[int, tuple[Fill, ...]] = {}  # id(load of the dict's name) -> what its statement fills
         self.calls: dict[int, int] = {}  # id(call) -> position of its statement
         self.logged: set[int] = set()  # ids of names passed as such to print(...) or a logger's method
 
     def note(self, assign: cst.Assign | cst.AnnAssign) -> None:
-        statement = self.ctx.statement()
-        if isinstance(statement, cst.If):  # only `if cond: name["key"] = value`, on one line, without else
-            alone = isinstance(statement.body, cst.SimpleStatementSuite) and len(statement.body.body) == 1
-            if not alone or statement.orelse is not None:
-                return
-        elif not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-            return
+        placed = self._placement()
         target = _single_target(assign)
-        if target is None:
+        if placed is None or target is None:
             return
-        stack = self.ctx.stack
-        index = next(i for i in range(len(stack) - 1, -1, -1) if stack[i] is statement)
-        block = stack[index - 1]
+        statement, block, guard = placed
         if isinstance(target, cst.Name) and isinstance(statement, cst.SimpleStatementLine):
             self._by_target[id(target)] = (assign, statement)
             self._blocks[id(statement)] = block
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and len(target.slice) == 1:
             key = target.slice[0].slice
-            if not (isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString)):
-                return
-            if isinstance(statement, cst.If):
-                guard = statement
-            else:
-                guard = stack[index - 2] if index >= 3 else None
-                if isinstance(guard, cst.If) and guard.body is block and guard.orelse is None:
-                    block = stack[index - 3]
-                else:
-                    guard = None
-            self._fills[id(target.value)] = Fill(key.value.evaluated_value, assign.value, target.value, statement, block, guard)
+            if isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString):
+                fill = Fill(key.value.evaluated_value, assign.value, target.value, statement, block, guard)
+                self._fills[id(target.value)] = (fill,)
+
+    def note_update(self, call: cst.Call) -> None:
+        """`name.update(key=value, ...)` as a statement of its own: a fill for each keyword."""
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.attr.value == "update"):
+            return
+        if not call.args or any(arg.keyword is None or arg.star for arg in call.args):
+            return
+        placed = self._placement()
+        expression = self.ctx.stack[-2] if len(self.ctx.stack) > 1 else None
+        if placed is None or not (isinstance(expression, cst.Expr) and expression.value is call):
+            return
+        statement, block, guard = placed
+        self._fills[id(func.value)] = tuple(
+            Fill(arg.keyword.value, arg.value, func.value, statement, block, guard) for arg in call.args
+        )
+
+    def _placement(self) -> tuple[cst.CSTNode, cst.CSTNode, cst.If | None] | None:
+        """(statement, its block, the `if` it is under) for the small statement being visited, when it is alone on its
+        line: `x = v`, or `if cond: x = v` on one line without else (then the statement and the guard are that `if`)."""
+        statement = self.ctx.statement()
+        if isinstance(statement, cst.If):
+            alone = isinstance(statement.body, cst.SimpleStatementSuite) and len(statement.body.body) == 1
+            if not alone or statement.orelse is not None:
+                return None
+        elif not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return None
+        stack = self.ctx.stack
+        index = next(i for i in range(len(stack) - 1, -1, -1) if stack[i] is statement)
+        block = stack[index - 1]
+        if isinstance(statement, cst.If):
+            return statement, block, statement
+        guard = stack[index - 2] if index >= 3 else None
+        if isinstance(guard, cst.If) and guard.body is block and guard.orelse is None:
+            return statement, stack[index - 3], guard
+        return statement, block, None
 
     def singles(self) -> list[Definition]:
         """Every `name = value` that is the only assignment of its name in its scope."""
@@ -168,7 +190,7 @@ class Definitions:
 
     def fill_values(self, definition: Definition) -> list[cst.BaseExpression]:
         """What `name["key"] = value` statements put in the dict `definition` makes."""
-        return [self._fills[id(load)].value for load in definition.loads if id(load) in self._fills]
+        return [fill.value for load in definition.loads for fill in self._fills.get(id(load), ())]
 
     def note_logged(self, call: cst.Call) -> None:
         """Names `call` only shows (`print("kwargs:", kw)`, `log.info("%s", kw)`): reading cannot change them."""
@@ -197,24 +219,29 @@ class Definitions:
                 continue
             if id(load) in self.logged:
                 continue
-            fill = self._fills.get(id(load))
-            if (
-                fill is None
-                or fill.block is not self._blocks.get(id(definition.statement))
-                or not self.order[id(definition.statement)] < self.order[id(fill.statement)] < self.calls.get(id(call), -1)
+            filling = self._fills.get(id(load), ())
+            if not filling or (
+                filling[0].block is not self._blocks.get(id(definition.statement))
+                or not self.order[id(definition.statement)] < self.order[id(filling[0].statement)] < self.calls.get(id(call), -1)
             ):
                 return None
-            fills.append(fill)
+            fills += filling
         fills.sort(key=lambda fill: self.order[id(fill.statement)])  # a later item overrides an earlier one
         if self.shown(definition) and not all(
             _evaluable_twice(self.ctx, value) for value in [definition.value, *(fill.value for fill in fills)]
         ):
             return None
-        for guard in {id(fill.guard): fill.guard for fill in fills if fill.guard is not None and fill.guard is not fill.statement}.values():
+        emptied = []
+        for guard in {id(fill.guard): fill.guard for fill in fills if fill.guard is not None}.values():
             inside = {id(fill.statement) for fill in fills if fill.guard is guard}
-            if not all(id(statement) in inside for statement in guard.body.body):
+            others = [statement for statement in guard.body.body if id(statement) not in inside]
+            if id(guard) in inside or not others:  # `if test: kw["key"] = value` on one line, or only fills
+                emptied.append(guard)
+            elif not all(_keeps_test(statement, guard.test) for statement in others):
                 return None
-        return FilledDict(definition.target, definition.value, definition.statement, definition.assignment, tuple(fills))
+        return FilledDict(
+            definition.target, definition.value, definition.statement, definition.assignment, tuple(fills), tuple(emptied)
+        )
 
     def of(self, name: cst.CSTNode) -> Definition | None:
         """The definition a use of `name` reads, when there is exactly one."""
@@ -296,6 +323,34 @@ def _evaluable_twice(ctx, expression) -> bool:
             return False
         if isinstance(node, cst.Call) and not any(q.startswith(_BUILDERS) for q in ctx.qualified_names(node.func)):
             return False
+    return True
+
+
+def _keeps_test(statement, test: cst.BaseExpression) -> bool:
+    """`statement`, beside fills in an `if test:`, runs through and leaves `test` as it was, so the call may read `test`
+    again to know whether the fills happened."""
+    read = {
+        dotted(node)
+        for node, parents in walk(test)
+        if isinstance(node, (cst.Name, cst.Attribute)) and not (parents and getattr(parents[-1], "attr", None) is node)
+    } - {""}
+    for node, _ in walk(statement):
+        if isinstance(node, (cst.Return, cst.Raise, cst.Break, cst.Continue, cst.Global, cst.Nonlocal, cst.Del)):
+            return False
+        if isinstance(node, cst.Assign):
+            targets = [target.target for target in node.targets]
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+            targets = [node.target]
+        elif isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(node.names, cst.ImportStar):
+            targets = [alias.asname.name if alias.asname else alias.name for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while isinstance(target, cst.Subscript):
+                target = target.value
+            changed = dotted(target)
+            if not changed or any(name == changed or name.startswith(changed + ".") or changed.startswith(name + ".") for name in read):
+                return False
     return True
 
 
