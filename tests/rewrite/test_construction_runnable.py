@@ -210,14 +210,16 @@ def test_meta_init_rewrite_takes_rank0_weights(tmp_path):
         assert set(after) == set(before), name
 
 
-# sync_module_states over a data-parallel process group (model parallelism beside it, as Alpha-VLLM's trainers
-# do): FSDP1 broadcast from the group's first rank over the group only. Each rank first draws its own weights.
+# sync_module_states over a data-parallel process group or device mesh (model parallelism beside it, as Alpha-VLLM's
+# trainers do): FSDP1 broadcast from the group's first rank over the group only (a HYBRID mesh: over its shard group,
+# then its replicate group). Each rank first draws its own weights.
 GROUP_SYNC_FSDP1 = '''
 import os
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FullStateDictConfig, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import ShardingStrategy
@@ -238,15 +240,33 @@ def setup_fsdp_sync(model, group, parallel):
     )
 
 
+def setup_fsdp_mesh_sync(model, mesh, hybrid):
+    kwargs = dict(device_id=torch.device("cpu"), sync_module_states=True)
+    kwargs["device_mesh"] = mesh
+    if hybrid:
+        kwargs.update(sharding_strategy=ShardingStrategy.HYBRID_SHARD)
+    return FSDP(model, **kwargs)
+
+
 def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     singletons = [dist.new_group([r]) for r in range(world)]  # every rank its own model-parallel replica
-    for name, group, parallel in (("whole", dist.new_group(list(range(world))), "fsdp"), ("own", singletons[rank], "sdp")):
+    cases = [
+        ("whole", dist.new_group(list(range(world))), "fsdp"),
+        ("own", singletons[rank], "sdp"),
+        ("whole_mesh", init_device_mesh("cpu", (world,)), False),
+        ("own_mesh", DeviceMesh.from_group(singletons[rank], "cpu"), False),
+        ("hybrid_mesh", init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard")), True),
+    ]
+    for name, group, parallel in cases:
         torch.manual_seed(rank)
         model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
         before = digest(model)
-        model = setup_fsdp_sync(model, group, parallel)
+        if name.endswith("_mesh"):
+            model = setup_fsdp_mesh_sync(model, group, parallel)
+        else:
+            model = setup_fsdp_sync(model, group, parallel)
         with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
             consolidated = model.state_dict()  # on the group's first rank only
         gathered = [None] * world
@@ -279,3 +299,10 @@ def test_sync_over_a_process_group_broadcasts_from_its_first_rank(tmp_path):
     assert [after for _, after, _ in runs["own"]] == [before for before, _, _ in runs["own"]]  # each group kept its own
     # rank0_only is the group's rank 0: the world's alone, then every rank's own (7 entries: linear and norm)
     assert [size for _, _, size in runs["whole"]] == [7, 0] and [size for _, _, size in runs["own"]] == [7, 7]
+    # a device mesh: its first rank's weights over it, also over both groups of a HYBRID mesh
+    for name in ("whole_mesh", "hybrid_mesh"):
+        assert [after for _, after, _ in runs[name]] == [before0, before0], name
+    assert [after for _, after, _ in runs["own_mesh"]] == [before for before, _, _ in runs["own_mesh"]]
+    # a HYBRID mesh's rank0_only is its shard group's rank 0: every rank of a (world, 1) mesh
+    assert [size for _, _, size in runs["whole_mesh"]] == [7, 0] and [size for _, _, size in runs["own_mesh"]] == [7, 7]
+    assert [size for _, _, size in runs["hybrid_mesh"]] == [7, 7]

@@ -43,6 +43,10 @@ class MeshRule(KeywordRule):
                 plan.process_group = cst.Name(var)
         else:
             plan.device_mesh = argument.value
+            if not is_reevaluable(argument.value) and "sync_module_states" in plan.arguments:  # MF110 reads it again
+                var = self.analysis.names.fresh(plan.site.node, "mesh", "fsdp_mesh")
+                plan.before.append(assign(var, argument.value))
+                plan.device_mesh = cst.Name(var)
 
     def finish(self, plan) -> None:
         group, user_mesh = plan.process_group, plan.device_mesh

@@ -83,9 +83,9 @@ class MetaInitRule(KeywordRule):
                 arg,
             )
         mesh_checked_at_run_time = isinstance(plan.device_mesh, (cst.Name, cst.Attribute))
-        if plan.ignored is not None or (plan.device_mesh is not None and not mesh_checked_at_run_time):
+        if plan.ignored is not None or (plan.device_mesh is not None and init is not None and not mesh_checked_at_run_time):
             raise Unconvertible(
-                "sync_module_states with a device mesh or ignored modules: broadcast rank 0's "
+                "sync_module_states with ignored modules, or a device mesh and a param_init_fn: broadcast rank 0's "
                 f"weights over that group yourself; {_FLOW}",
                 arg,
             )
@@ -122,6 +122,8 @@ class MetaInitRule(KeywordRule):
     def before(self, plan, module, full_state_dict: str) -> list[cst.BaseStatement]:
         if plan.process_group is not None:
             return self._broadcast_over_group(plan, module)
+        if self._over_mesh(plan):
+            return self._broadcast_over_mesh(plan, module)
         rank = self.analysis.names.ref(plan.site.node, "torch.distributed.get_rank")
         sync = "" if plan.sync_module_states is True else "SYNC and "  # a run-time flag guards each step
         return self._whole_world_mesh(plan, sync) + statements(
@@ -148,6 +150,33 @@ class MetaInitRule(KeywordRule):
         )
         return guarded(plan.sync_module_states, body)
 
+    @staticmethod
+    def _over_mesh(plan) -> bool:
+        """Synced over a device mesh of real tensors: broadcast before sharding (a meta module needs the state-dict flow)."""
+        return plan.device_mesh is not None and plan.param_init is None
+
+    def _broadcast_over_mesh(self, plan, module) -> list[cst.BaseStatement]:
+        """What FSDP1 did with a device mesh: move the module to `device_id`, broadcast from the first rank of the
+        group of each mesh dimension (the shard group, then HYBRID's replicate group), so the mesh's first rank's
+        weights reach every rank of the mesh and ranks outside it (model parallelism beside it) keep their own."""
+        names, anchor = self.analysis.names, plan.site.node
+        broadcast = names.ref(anchor, "torch.distributed.broadcast")
+        first = names.ref(anchor, "torch.distributed.get_global_rank")
+        world = f"{names.ref(anchor, 'torch.distributed.group')}.WORLD"
+        group = names.fresh(anchor, "group", "fsdp_group")
+        tensor = names.fresh(anchor, "tensor", "fsdp_tensor")
+        body = [] if plan.device is None else statements("MODULE.to(DEVICE)", MODULE=module, DEVICE=plan.device)
+        body += statements(
+            f"""
+            for {group} in [MESH.get_group(dim) for dim in reversed(range(MESH.ndim))] if MESH is not None else [{world}]:
+                for {tensor} in [*MODULE.parameters(), *MODULE.buffers()]:
+                    {broadcast}({tensor}.detach(), src={first}({group}, 0), group={group})
+            """,
+            MODULE=module,
+            MESH=plan.device_mesh,
+        )
+        return guarded(plan.sync_module_states, body)
+
     def _whole_world_mesh(self, plan, sync: str) -> list[cst.BaseStatement]:
         """FSDP1 synced a device mesh's ranks from its first rank (inter-node group, then intra-node): global
         rank 0's weights everywhere when the mesh holds every rank, which FSDP2's broadcast_from_rank0 also
@@ -165,7 +194,7 @@ class MetaInitRule(KeywordRule):
         )
 
     def after(self, plan, module, full_state_dict: str, buffer: str) -> list[cst.BaseStatement]:
-        if plan.process_group is not None:  # synced before sharding
+        if plan.process_group is not None or self._over_mesh(plan):  # synced before sharding
             return []
         names = self.analysis.names
         anchor = plan.site.node
