@@ -67,6 +67,7 @@ class Fill:
     statement: cst.SimpleStatementLine | cst.If  # the `if` itself for `if cond: name["key"] = value`
     block: cst.CSTNode  # the block holding the statement
     guard: cst.If | None  # the `if` whose body holds it
+    otherwise: bool = False  # in the guard's `else:` body: it fills when the test is false
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,7 +75,7 @@ class FilledDict(Definition):
     """A kwargs dict filled item by item after its definition (`kw = {}; kw["mixed_precision"] = mp`)."""
 
     fills: tuple[Fill, ...] = ()
-    emptied: tuple[cst.If, ...] = ()  # the `if`s whose body only fills the dict: they go with it
+    emptied: tuple[cst.CSTNode, ...] = ()  # the `if`s (or their body or `else:`) that only fill the dict: they go with it
 
     @property
     def loads(self) -> list[cst.CSTNode]:
@@ -133,14 +134,14 @@ class Definitions:
         target = _single_target(assign)
         if placed is None or target is None:
             return
-        statement, block, guard = placed
+        statement, block, guard, otherwise = placed
         if isinstance(target, cst.Name) and isinstance(statement, cst.SimpleStatementLine):
             self._by_target[id(target)] = (assign, statement)
             self._blocks[id(statement)] = block
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and len(target.slice) == 1:
             key = target.slice[0].slice
             if isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString):
-                fill = Fill(key.value.evaluated_value, assign.value, target.value, statement, block, guard)
+                fill = Fill(key.value.evaluated_value, assign.value, target.value, statement, block, guard, otherwise)
                 self._fills[id(target.value)] = (fill,)
 
     def note_update(self, call: cst.Call) -> None:
@@ -154,14 +155,15 @@ class Definitions:
         expression = self.ctx.stack[-2] if len(self.ctx.stack) > 1 else None
         if placed is None or not (isinstance(expression, cst.Expr) and expression.value is call):
             return
-        statement, block, guard = placed
+        statement, block, guard, otherwise = placed
         self._fills[id(func.value)] = tuple(
-            Fill(arg.keyword.value, arg.value, func.value, statement, block, guard) for arg in call.args
+            Fill(arg.keyword.value, arg.value, func.value, statement, block, guard, otherwise) for arg in call.args
         )
 
-    def _placement(self) -> tuple[cst.CSTNode, cst.CSTNode, cst.If | None] | None:
-        """(statement, its block, the `if` it is under) for the small statement being visited, when it is alone on its
-        line: `x = v`, or `if cond: x = v` on one line without else (then the statement and the guard are that `if`)."""
+    def _placement(self) -> tuple[cst.CSTNode, cst.CSTNode, cst.If | None, bool] | None:
+        """(statement, its block, the `if` it is under, whether in its `else:`) for the small statement being visited,
+        when it is alone on its line: `x = v`, or `if cond: x = v` on one line without else (then the statement and
+        the guard are that `if`); an `if` with an `elif` is no guard."""
         statement = self.ctx.statement()
         if isinstance(statement, cst.If):
             alone = isinstance(statement.body, cst.SimpleStatementSuite) and len(statement.body.body) == 1
@@ -173,11 +175,13 @@ class Definitions:
         index = next(i for i in range(len(stack) - 1, -1, -1) if stack[i] is statement)
         block = stack[index - 1]
         if isinstance(statement, cst.If):
-            return statement, block, statement
+            return statement, block, statement, False
         guard = stack[index - 2] if index >= 3 else None
-        if isinstance(guard, cst.If) and guard.body is block and guard.orelse is None:
-            return statement, stack[index - 3], guard
-        return statement, block, None
+        if isinstance(guard, cst.If) and guard.body is block and not isinstance(guard.orelse, cst.If):
+            return statement, stack[index - 3], guard, False
+        if isinstance(guard, cst.Else) and index >= 4 and getattr(stack[index - 3], "orelse", None) is guard:
+            return statement, stack[index - 4], stack[index - 3], True
+        return statement, block, None, False
 
     def singles(self) -> list[Definition]:
         """Every `name = value` that is the only assignment of its name in its scope."""
@@ -234,11 +238,19 @@ class Definitions:
         emptied = []
         for guard in {id(fill.guard): fill.guard for fill in fills if fill.guard is not None}.values():
             inside = {id(fill.statement) for fill in fills if fill.guard is guard}
-            others = [statement for statement in guard.body.body if id(statement) not in inside]
-            if id(guard) in inside or not others:  # `if test: kw["key"] = value` on one line, or only fills
+            if id(guard) in inside:  # `if test: kw["key"] = value` on one line
                 emptied.append(guard)
-            elif not all(_keeps_test(statement, guard.test) for statement in others):
+                continue
+            bodies = [guard.body.body, guard.orelse.body.body if guard.orelse is not None else ()]
+            others = [[statement for statement in body if id(statement) not in inside] for body in bodies]
+            if not all(_keeps_test(statement, guard.test) for statement in [*others[0], *others[1]]):
                 return None
+            if not others[0] and not others[1]:
+                emptied.append(guard)
+            elif not others[0]:  # `if test:` with nothing left: `if not test:` and the `else:` body
+                emptied.append(guard.body)
+            elif guard.orelse is not None and not others[1]:
+                emptied.append(guard.orelse)
         return FilledDict(
             definition.target, definition.value, definition.statement, definition.assignment, tuple(fills), tuple(emptied)
         )
@@ -441,6 +453,16 @@ def _filled_items(ctx, definition: Definition, arg: cst.Arg) -> list:
             items[fill.key] = fill.value
             continue
         before = items.get(fill.key)
+        if fill.otherwise:  # `else:` of the `if` that may have filled the key just before
+            if before is None and fill.key not in _DEFAULTS:
+                raise Unbindable(arg, f"`{fill.key}` is set only under `else:`; write both cases in one item")
+            if before is None:
+                before = cst.Name(_DEFAULTS[fill.key])
+            if isinstance(before, cst.IfExp) and before.test is fill.guard.test:
+                items[fill.key] = before.with_changes(orelse=fill.value)
+            else:
+                items[fill.key] = cst.IfExp(test=fill.guard.test, body=before, orelse=fill.value)
+            continue
         if before is None and fill.key == "backward_prefetch" and ctx.matches(fill.value, _BACKWARD_PRE):
             items[fill.key] = fill.value  # FSDP1's default: the item holds BACKWARD_PRE either way
             continue

@@ -93,6 +93,8 @@ class ShardingStrategyRule(KeywordRule):
         member = self.member(node)
         if member is not None:
             return frozenset([member])
+        if self.analysis.is_none(node):  # FSDP1's default, which reshard_after_forward=None also is
+            return frozenset(["FULL_SHARD"])
         if not isinstance(node, cst.Subscript):
             return None
         table = node.value

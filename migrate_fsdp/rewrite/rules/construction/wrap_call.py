@@ -388,6 +388,14 @@ class WrapCall(Rule):
     def leave_If(self, original, updated):
         if id(original) in self._removed:  # an `if` that only filled a removed kwargs dict
             self._dropped[id(updated)] = updated
+        elif original.orelse is not None and id(original.orelse) in self._removed:  # an `else:` that only filled it
+            updated = updated.with_changes(orelse=None)
+        elif id(original.body) in self._removed:  # a body that only filled it: the `else:` body under `if not test:`
+            test = updated.test
+            if not isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+                test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            negated = cst.UnaryOperation(operator=cst.Not(), expression=test)
+            updated = updated.with_changes(test=negated, body=updated.orelse.body, orelse=None)
         return updated
 
     def leave_IndentedBlock(self, original, updated):
