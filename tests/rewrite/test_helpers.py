@@ -200,6 +200,21 @@ def test_lambda_and_or_policies_defined_in_fsdp2_form_pick_what_fsdp1s_picked():
     assert targets(model, ours) == targets(model, fsdp1) == [model[0][1], model[1]]
 
 
+def test_full_precision_classes_force_recursion_only_when_given():
+    """FSDP1 descended into every module only under mixed precision (its full-precision classes' or-policy):
+    `()` (a run-time choice without mixed precision) must leave the user's policy alone."""
+
+    def no_descend_into_first(module, recurse, nonwrapped_numel):
+        return module is not model[0] if recurse else isinstance(module, nn.Linear)
+
+    model = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), nn.Linear(2, 2))
+    targets = helper("_fsdp1_wrap_targets")
+    assert targets(model, no_descend_into_first, full_precision=()) == [model[1]]
+    forced = [model[0][0], model[0][1], model[1]]
+    assert targets(model, no_descend_into_first, full_precision=nn.modules.batchnorm._BatchNorm) == forced
+    assert targets(model, no_descend_into_first, full_precision=(nn.modules.batchnorm._BatchNorm,)) == forced
+
+
 def test_sharding_counts_fsdp1s_nodes_with_the_device_handle_of_the_device_type(monkeypatch):
     """FSDP1's HYBRID_SHARD without a mesh builds (world // devices per node, devices per node) from the module's
     device handle: `torch.cpu.device_count()` is 1, so a CPU run replicates over every rank."""

@@ -10,7 +10,8 @@ def _fsdp1_wrap_targets(root, policy, ignored_modules=(), ignored_params=(), ful
     ModuleWrapPolicy answer that; a tuple of classes (transformer_auto_wrap_policy's
     or ModuleWrapPolicy's, converted where it was defined) picks their instances.
     `full_precision` are the classes FSDP1 also wrapped on their own under mixed
-    precision; `ignored_modules` are whole subtrees.
+    precision (a class or a tuple, as isinstance takes them; `()` without mixed
+    precision, where FSDP1 did not force recursion); `ignored_modules` are whole subtrees.
     """
     if isinstance(policy, tuple):
         classes = policy
@@ -20,7 +21,7 @@ def _fsdp1_wrap_targets(root, policy, ignored_modules=(), ignored_params=(), ful
 
     if not callable(policy):  # CustomPolicy: FSDP1 reads it through private API only
         raise NotImplementedError(f"{policy!r}: call fully_shard on the modules its function picks, children first")
-    full_precision = tuple(full_precision)
+    full_precision = tuple(full_precision) if isinstance(full_precision, (tuple, list)) else (full_precision,)
     targets = []
 
     def wrap(module, recurse, nonwrapped_numel):

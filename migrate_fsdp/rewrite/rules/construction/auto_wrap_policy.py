@@ -260,7 +260,7 @@ class AutoWrapPolicyRule(KeywordRule):
             if skip is not None:
                 kwargs.update(ignored_modules=skip[0], ignored_params=skip[1])
             if full_precision is not None:
-                kwargs["full_precision"] = cst.Tuple([cst.Element(full_precision[0])])
+                kwargs["full_precision"] = full_precision[0]
             values["TARGETS"] = call(helper, module, runtime, **kwargs)
             if full_precision is None:
                 return prefix + statements("for V in TARGETS:\n    CHILD", **values)
