@@ -67,6 +67,8 @@ class FileFacts:
     declared: Counter | None = None  # function name -> occurrences that are not uses (reachability.py); None: not parsed
     uses: dict = field(default_factory=dict)  # (Position, code) -> Use
     staying: dict = field(default_factory=dict)  # (Position, code) -> Use a rule could not convert: it stays FSDP1
+    staying_with_own_groups: dict = field(default_factory=dict)  # (Position, code) -> Use that stays FSDP1 when a
+    # model of the program is sharded over a group of the user's (Program.stays_with_own_groups)
     settings: dict = field(default_factory=dict)  # FSDP1 setting built apart from its constructors: Position -> the
     # keywords whose values it takes in their FSDP1 or FSDP2 form (an `_or_policy`'s `policies`)
     reads: dict = field(default_factory=dict)  # constructor Position -> keywords read by helpers taking FSDP2 forms too
@@ -132,6 +134,11 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
 
     remote_calls = RemoteCalls(sources or {})
     reexported = imported_elsewhere({f.path: f.dropped_imports for f in facts if f.dropped_imports}, sources or {}, remote_calls)
+    if any(f.own_groups for f in facts):
+        for file in facts:
+            for key, use in file.staying_with_own_groups.items():
+                file.staying[key] = use
+                file.uses.pop(key, None)
     _tie_handed_on(facts, remote_calls)
     adopted = _adopt_unsure_receivers(facts, sources or {})
     for file in facts:
@@ -193,6 +200,8 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             elif converts and blocker is not None:
                 verdict.blocked[position] = f"stays FSDP1 with the FSDP(...) in {where(blocker)}, which shares its uses"
         for key, use in file.uses.items():
+            if key in file.staying:  # the rule refused it: its own report says why, the models it holds point to it
+                continue
             # A constructor that cannot convert first: the cause, rather than one it holds back.
             blockers = sorted((b for b in (cause.get(find(site)) for site in use.sites) if b is not None), key=lambda b: (b not in kept, b))
             if use.untied and first_kept is not None and not (blockers and blockers[0] in kept):
@@ -376,12 +385,27 @@ class Gate:
         file can trace of it, and so may a call shaped like FSDP1's on a receiver nothing is known of (`unsure`)."""
         if self.verdict is not None or self.ctx.dual_versions.holds(stack):
             return
+        use = self._staying_use(node, code, stack, unsure)
+        if use is not None:
+            self.facts.staying[(self.ctx.position(node), code)] = use
+
+    def stays_with_own_groups(self, node, code: str, stack) -> None:
+        """Record that the use `node`, converted by the first rewrite, stays FSDP1 when a model of the program is
+        sharded over a group of the user's (`own_groups`), which only the whole program knows: the models that
+        reach it then stay with it, whichever file builds them."""
+        if self.verdict is not None or self.ctx.dual_versions.holds(stack):
+            return
+        use = self._staying_use(node, code, stack, unsure=False)
+        if use is not None:
+            self.facts.staying_with_own_groups[(self.ctx.position(node), code)] = use
+
+    def _staying_use(self, node, code: str, stack, unsure: bool) -> "Use | None":
         ties, untied, _ = self._origins(node, stack)
         if not ties and (unsure or _takes_an_fsdp1_model(self.ctx, node) or self._checked_fsdp1(node, stack)):
             untied = True
-        if ties or untied:
-            use = Use(code, frozenset(ties), untied, _function(stack), _handed_in(node, stack), unsure=unsure and not ties)
-            self.facts.staying[(self.ctx.position(node), code)] = use
+        if not (ties or untied):
+            return None
+        return Use(code, frozenset(ties), untied, _function(stack), _handed_in(node, stack), unsure=unsure and not ties)
 
     def _checked_fsdp1(self, node, stack) -> bool:
         """`node` runs only where `isinstance(m, FSDP)` holds for a model it names: it takes an FSDP1 model."""

@@ -294,6 +294,8 @@ class OptimStateDict(UsesStateDictPlan):
                 "FSDP1 broadcast from rank 0 of the model's process group, FSDP2's broadcast_from_rank0 from the "
                 "world's rank 0 (a model of this program is sharded over a group of its own)",
             )
+        if broadcast:  # another file may build such a model: then this stays, and the models reaching it with it
+            self.ctx.program.stays_with_own_groups(original, self.code, self.ctx.stack)
         stack = self.ctx.stack
         consumer = self._consumer(original, stack, optim_arg)
         if load_directly and isinstance(stack[-2], cst.Expr):
