@@ -230,9 +230,26 @@ class FsdpModels:
         self._add_target(node.target, _Definition(self._next_seq(), self._statement_path(), kind=Kind.UNKNOWN))
 
     def _note_For(self, node: cst.For) -> None:
-        source = self._lists_fsdp_modules(node.iter)
-        kind = Kind.FSDP if source else Kind.UNKNOWN
-        self._add_target(node.target, _Definition(self._next_seq(), (*self.ctx.stack, node.body), kind=kind, source=source or None))
+        seq, path = self._next_seq(), (*self.ctx.stack, node.body)
+        for target, iterable in self._loop_pairs(node):
+            source = self._lists_fsdp_modules(iterable) if iterable is not None else None
+            kind = Kind.FSDP if source else Kind.UNKNOWN
+            self._add_target(target, _Definition(seq, path, kind=kind, source=source or None))
+
+    def _loop_pairs(self, node: cst.For) -> list:
+        """(target, what it iterates over) for the loop's targets: each of `zip(a, b)`'s and `enumerate(a)`'s
+        targets apart (None: a count), else the whole target over the whole iterable."""
+        target, iterable = node.target, node.iter
+        if isinstance(iterable, cst.Call) and isinstance(target, (cst.Tuple, cst.List)):
+            args = iterable.args
+            plain = all(arg.keyword is None and not arg.star for arg in args)
+            targets = [element.value for element in target.elements if not isinstance(element, cst.StarredElement)]
+            if plain and len(targets) == len(target.elements):
+                if self.ctx.matches(iterable.func, "builtins.zip") and len(args) == len(targets):
+                    return [(t, arg.value) for t, arg in zip(targets, args)]
+                if self.ctx.matches(iterable.func, "builtins.enumerate") and len(args) == 1 and len(targets) == 2:
+                    return [(targets[0], None), (targets[1], args[0].value)]
+        return [(target, iterable)]
 
     def _note_WithItem(self, node: cst.WithItem) -> None:
         if node.asname is not None:

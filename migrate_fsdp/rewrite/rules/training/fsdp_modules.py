@@ -34,6 +34,10 @@ class FsdpModules(TrainingRule):
             problem = "`root_only` is not True/False" if bound and "module" in bound else "arguments not understood"
             self.ctx.report(original, self.code, f"{problem}; {_ADVICE}")
             return updated
+        parent = self.ctx.stack[-2] if len(self.ctx.stack) >= 2 else None
+        if isinstance(parent, cst.Return):  # callers may read FSDP1 attributes of the modules (`.params`), out of sight
+            self.ctx.report(original, self.code, "`FSDP.fsdp_modules` returned to callers: " + _ADVICE)
+            return updated
         if not self.fsdp2_ahead(original):
             return updated
         self.ctx.mark_handled(original.func)
