@@ -134,10 +134,10 @@ class Definitions:
         target = _single_target(assign)
         if placed is None or target is None:
             return
-        statement, block, guard, otherwise = placed
+        statement, own_block, block, guard, otherwise = placed
         if isinstance(target, cst.Name) and isinstance(statement, cst.SimpleStatementLine):
             self._by_target[id(target)] = (assign, statement)
-            self._blocks[id(statement)] = block
+            self._blocks[id(statement)] = own_block
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and len(target.slice) == 1:
             key = target.slice[0].slice
             if isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString):
@@ -155,15 +155,15 @@ class Definitions:
         expression = self.ctx.stack[-2] if len(self.ctx.stack) > 1 else None
         if placed is None or not (isinstance(expression, cst.Expr) and expression.value is call):
             return
-        statement, block, guard, otherwise = placed
+        statement, _, block, guard, otherwise = placed
         self._fills[id(func.value)] = tuple(
             Fill(arg.keyword.value, arg.value, func.value, statement, block, guard, otherwise) for arg in call.args
         )
 
-    def _placement(self) -> tuple[cst.CSTNode, cst.CSTNode, cst.If | None, bool] | None:
-        """(statement, its block, the `if` it is under, whether in its `else:`) for the small statement being visited,
-        when it is alone on its line: `x = v`, or `if cond: x = v` on one line without else (then the statement and
-        the guard are that `if`); an `if` with an `elif` is no guard."""
+    def _placement(self) -> tuple[cst.CSTNode, cst.CSTNode, cst.CSTNode, cst.If | None, bool] | None:
+        """(statement, its block, the block a fill there fills in, the `if` it is under, whether in its `else:`) for
+        the small statement being visited, when it is alone on its line: `x = v`, or `if cond: x = v` on one line
+        without else (then the statement and the guard are that `if`); an `if` with an `elif` is no guard."""
         statement = self.ctx.statement()
         if isinstance(statement, cst.If):
             alone = isinstance(statement.body, cst.SimpleStatementSuite) and len(statement.body.body) == 1
@@ -175,13 +175,13 @@ class Definitions:
         index = next(i for i in range(len(stack) - 1, -1, -1) if stack[i] is statement)
         block = stack[index - 1]
         if isinstance(statement, cst.If):
-            return statement, block, statement, False
+            return statement, block, block, statement, False
         guard = stack[index - 2] if index >= 3 else None
         if isinstance(guard, cst.If) and guard.body is block and not isinstance(guard.orelse, cst.If):
-            return statement, stack[index - 3], guard, False
+            return statement, block, stack[index - 3], guard, False
         if isinstance(guard, cst.Else) and index >= 4 and getattr(stack[index - 3], "orelse", None) is guard:
-            return statement, stack[index - 4], stack[index - 3], True
-        return statement, block, None, False
+            return statement, block, stack[index - 4], stack[index - 3], True
+        return statement, block, block, None, False
 
     def singles(self) -> list[Definition]:
         """Every `name = value` that is the only assignment of its name in its scope."""
