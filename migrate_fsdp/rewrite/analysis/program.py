@@ -383,29 +383,23 @@ class Gate:
         """Record that a rule leaves the FSDP1 use `node` as it is: the models that reach it stay FSDP1 with it.
         A call of the FSDP class's own API (`FSDP.state_dict_type(m, ...)`) takes an FSDP1 model, whatever this
         file can trace of it, and so may a call shaped like FSDP1's on a receiver nothing is known of (`unsure`)."""
-        if self.verdict is not None or self.ctx.dual_versions.holds(stack):
-            return
-        use = self._staying_use(node, code, stack, unsure)
-        if use is not None:
-            self.facts.staying[(self.ctx.position(node), code)] = use
+        self._record_staying(self.facts.staying, node, code, stack, unsure)
 
     def stays_with_own_groups(self, node, code: str, stack) -> None:
         """Record that the use `node`, converted by the first rewrite, stays FSDP1 when a model of the program is
         sharded over a group of the user's (`own_groups`), which only the whole program knows: the models that
         reach it then stay with it, whichever file builds them."""
+        self._record_staying(self.facts.staying_with_own_groups, node, code, stack, unsure=False)
+
+    def _record_staying(self, table: dict, node, code: str, stack, unsure: bool) -> None:
         if self.verdict is not None or self.ctx.dual_versions.holds(stack):
             return
-        use = self._staying_use(node, code, stack, unsure=False)
-        if use is not None:
-            self.facts.staying_with_own_groups[(self.ctx.position(node), code)] = use
-
-    def _staying_use(self, node, code: str, stack, unsure: bool) -> "Use | None":
         ties, untied, _ = self._origins(node, stack)
         if not ties and (unsure or _takes_an_fsdp1_model(self.ctx, node) or self._checked_fsdp1(node, stack)):
             untied = True
-        if not (ties or untied):
-            return None
-        return Use(code, frozenset(ties), untied, _function(stack), _handed_in(node, stack), unsure=unsure and not ties)
+        if ties or untied:
+            use = Use(code, frozenset(ties), untied, _function(stack), _handed_in(node, stack), unsure=unsure and not ties)
+            table[(self.ctx.position(node), code)] = use
 
     def _checked_fsdp1(self, node, stack) -> bool:
         """`node` runs only where `isinstance(m, FSDP)` holds for a model it names: it takes an FSDP1 model."""

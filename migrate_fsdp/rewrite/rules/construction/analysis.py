@@ -9,7 +9,7 @@ import libcst as cst
 from libcst.metadata import Assignment
 
 from migrate_fsdp.rewrite.rules.construction.arguments import Definition, Definitions
-from migrate_fsdp.rewrite.rules.construction.codegen import Names
+from migrate_fsdp.rewrite.rules.construction.codegen import Names, assign, is_reevaluable
 from migrate_fsdp.rewrite.rules.construction.devices import SET_DEVICE, TORCH_DEVICE
 from migrate_fsdp.rewrite.syntax import chain_root, subtree_ids
 
@@ -49,6 +49,16 @@ class Analysis:
             self.current_devices.add(self.ctx.code(node.args[0].value))
         if self.ctx.matches(node.func, "torch.distributed.init_process_group"):
             self._inits.append(len(self.order) - 1)
+
+    def read_once(self, value: cst.BaseExpression, plan, *candidates: str) -> cst.BaseExpression:
+        """`value` where the converted call's statements read it more than once: itself when reading it again gives
+        the same object, else a variable set to it before the call (named by the first free of `candidates`),
+        as FSDP1 read it once."""
+        if is_reevaluable(value):
+            return value
+        var = self.names.fresh(plan.site.node, *candidates)
+        plan.before.append(assign(var, value))
+        return cst.Name(var)
 
     def initialises_between(self, first, last) -> bool:
         """Whether the process group is initialised after statement `first` and up to statement `last`."""

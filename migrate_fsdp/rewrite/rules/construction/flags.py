@@ -7,7 +7,7 @@ is read once, into a variable before the call, as FSDP1 read it once.
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import assign, expression, is_reevaluable
+from migrate_fsdp.rewrite.rules.construction.codegen import expression
 
 
 def flag(analysis, value: cst.BaseExpression, plan, name: str) -> bool | cst.BaseExpression | None:
@@ -20,11 +20,7 @@ def flag(analysis, value: cst.BaseExpression, plan, name: str) -> bool | cst.Bas
         value = value.test if analysis.literal_bool(value.body) else expression("not TEST", TEST=value.test)
     if analysis.fsdp1_references(value):
         return None
-    if is_reevaluable(value):
-        return value
-    var = analysis.names.fresh(plan.site.node, name, f"fsdp1_{name}")
-    plan.before.append(assign(var, value))
-    return cst.Name(var)
+    return analysis.read_once(value, plan, name, f"fsdp1_{name}")
 
 
 def guarded(when: bool | cst.BaseExpression, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:

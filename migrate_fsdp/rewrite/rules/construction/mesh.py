@@ -17,7 +17,7 @@ is also what FSDP2's default mesh uses, so then no mesh is written at all.
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, expression, is_reevaluable
+from migrate_fsdp.rewrite.rules.construction.codegen import call, expression
 from migrate_fsdp.rewrite.rules.construction.devices import device_type
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID
@@ -35,18 +35,12 @@ class MeshRule(KeywordRule):
     def apply(self, argument, plan) -> None:
         if self.analysis.is_none(argument.value):
             return
-        if argument.name == "process_group":
-            plan.process_group = argument.value
-            if not is_reevaluable(argument.value):  # the mesh and MF110's broadcast both read it: evaluated once
-                var = self.analysis.names.fresh(plan.site.node, "process_group", "fsdp_process_group")
-                plan.before.append(assign(var, argument.value))
-                plan.process_group = cst.Name(var)
+        if argument.name == "process_group":  # the mesh and MF110's broadcast both read it
+            plan.process_group = self.analysis.read_once(argument.value, plan, "process_group", "fsdp_process_group")
+        elif "sync_module_states" in plan.arguments:  # MF110's broadcast reads it too
+            plan.device_mesh = self.analysis.read_once(argument.value, plan, "mesh", "fsdp_mesh")
         else:
             plan.device_mesh = argument.value
-            if not is_reevaluable(argument.value) and "sync_module_states" in plan.arguments:  # MF110 reads it again
-                var = self.analysis.names.fresh(plan.site.node, "mesh", "fsdp_mesh")
-                plan.before.append(assign(var, argument.value))
-                plan.device_mesh = cst.Name(var)
 
     def finish(self, plan) -> None:
         group, user_mesh = plan.process_group, plan.device_mesh

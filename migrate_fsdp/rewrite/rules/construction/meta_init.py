@@ -18,6 +18,7 @@ shards: other values), or a module built on meta with no sync (FSDP1
 materialised it with `reset_parameters()` behind the scenes).
 """
 
+import textwrap
 from dataclasses import dataclass
 
 import libcst as cst
@@ -120,61 +121,43 @@ class MetaInitRule(KeywordRule):
         return None if device is None else ParamInit(device)
 
     def before(self, plan, module, full_state_dict: str) -> list[cst.BaseStatement]:
-        if plan.process_group is not None:
-            return self._broadcast_over_group(plan, module)
-        if self._over_mesh(plan):
-            return self._broadcast_over_mesh(plan, module)
+        if self._broadcasts_before_sharding(plan):
+            return self._broadcast_over_groups(plan, module)
         rank = self.analysis.names.ref(plan.site.node, "torch.distributed.get_rank")
         sync = "" if plan.sync_module_states is True else "SYNC and "  # a run-time flag guards each step
         return self._whole_world_mesh(plan, sync) + statements(
             f"{full_state_dict} = MODULE.state_dict() if {sync}{rank}() == 0 else {{}}", MODULE=module, SYNC=plan.sync_module_states
         )
 
-    def _broadcast_over_group(self, plan, module) -> list[cst.BaseStatement]:
-        """What FSDP1 did with a process group (`_sync_module_params_and_buffers`): move the module to
-        `device_id`, then broadcast its parameters and buffers from the group's first rank over the group.
-        Model-parallel ranks outside the group keep their own weights, which a broadcast from global rank 0
-        (the state-dict flow) would overwrite."""
-        names, anchor = self.analysis.names, plan.site.node
-        broadcast = names.ref(anchor, "torch.distributed.broadcast")
-        first = names.ref(anchor, "torch.distributed.get_global_rank")
-        tensor = names.fresh(anchor, "tensor", "fsdp_tensor")
-        body = [] if plan.device is None else statements("MODULE.to(DEVICE)", MODULE=module, DEVICE=plan.device)
-        body += statements(
-            f"""
-            for {tensor} in [*MODULE.parameters(), *MODULE.buffers()]:
-                {broadcast}({tensor}.detach(), src={first}(GROUP, 0), group=GROUP)
-            """,
-            MODULE=module,
-            GROUP=plan.process_group,
-        )
-        return guarded(plan.sync_module_states, body)
-
     @staticmethod
-    def _over_mesh(plan) -> bool:
-        """Synced over a device mesh of real tensors: broadcast before sharding (a meta module needs the state-dict flow)."""
-        return plan.device_mesh is not None and plan.param_init is None
+    def _broadcasts_before_sharding(plan) -> bool:
+        """Synced over a process group or device mesh of real tensors (a meta module needs the state-dict flow,
+        which finish() allows with a mesh only)."""
+        return plan.param_init is None and (plan.process_group is not None or plan.device_mesh is not None)
 
-    def _broadcast_over_mesh(self, plan, module) -> list[cst.BaseStatement]:
-        """What FSDP1 did with a device mesh: move the module to `device_id`, broadcast from the first rank of the
-        group of each mesh dimension (the shard group, then HYBRID's replicate group), so the mesh's first rank's
-        weights reach every rank of the mesh and ranks outside it (model parallelism beside it) keep their own."""
+    def _broadcast_over_groups(self, plan, module) -> list[cst.BaseStatement]:
+        """What FSDP1 did (`_sync_module_params_and_buffers`): move the module to `device_id`, then broadcast its
+        parameters and buffers from the first rank of its group over the group: the process group; with a device
+        mesh, the group of each mesh dimension (the shard group, then HYBRID's replicate group), or the world's
+        when the mesh is None at run time. Ranks outside the group (model parallelism beside it) keep their own
+        weights, which a broadcast from global rank 0 (the state-dict flow) would overwrite."""
         names, anchor = self.analysis.names, plan.site.node
         broadcast = names.ref(anchor, "torch.distributed.broadcast")
         first = names.ref(anchor, "torch.distributed.get_global_rank")
-        world = f"{names.ref(anchor, 'torch.distributed.group')}.WORLD"
-        group = names.fresh(anchor, "group", "fsdp_group")
         tensor = names.fresh(anchor, "tensor", "fsdp_tensor")
-        body = [] if plan.device is None else statements("MODULE.to(DEVICE)", MODULE=module, DEVICE=plan.device)
-        body += statements(
-            f"""
-            for {group} in [MESH.get_group(dim) for dim in reversed(range(MESH.ndim))] if MESH is not None else [{world}]:
-                for {tensor} in [*MODULE.parameters(), *MODULE.buffers()]:
-                    {broadcast}({tensor}.detach(), src={first}({group}, 0), group={group})
-            """,
-            MODULE=module,
-            MESH=plan.device_mesh,
+        send = (
+            f"for {tensor} in [*MODULE.parameters(), *MODULE.buffers()]:\n"
+            f"    {broadcast}({tensor}.detach(), src={first}(GROUP, 0), group=GROUP)"
         )
+        body = [] if plan.device is None else statements("MODULE.to(DEVICE)", MODULE=module, DEVICE=plan.device)
+        if plan.process_group is not None:
+            body += statements(send, MODULE=module, GROUP=plan.process_group)
+        else:
+            world = f"{names.ref(anchor, 'torch.distributed.group')}.WORLD"
+            group = names.fresh(anchor, "group", "fsdp_group")
+            groups = f"[MESH.get_group(dim) for dim in reversed(range(MESH.ndim))] if MESH is not None else [{world}]"
+            loop = f"for {group} in {groups}:\n" + textwrap.indent(send, "    ")
+            body += statements(loop, MODULE=module, MESH=plan.device_mesh, GROUP=group)
         return guarded(plan.sync_module_states, body)
 
     def _whole_world_mesh(self, plan, sync: str) -> list[cst.BaseStatement]:
@@ -194,7 +177,7 @@ class MetaInitRule(KeywordRule):
         )
 
     def after(self, plan, module, full_state_dict: str, buffer: str) -> list[cst.BaseStatement]:
-        if plan.process_group is not None or self._over_mesh(plan):  # synced before sharding
+        if self._broadcasts_before_sharding(plan):  # synced before sharding
             return []
         names = self.analysis.names
         anchor = plan.site.node

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.construction import choice
-from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, expression, grouped, is_lookup, is_reevaluable, string
+from migrate_fsdp.rewrite.rules.construction.codegen import call, expression, grouped, is_lookup, string
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 
 MIXED_PRECISION = "torch.distributed.fsdp.MixedPrecision"
@@ -139,10 +139,8 @@ class MixedPrecisionRule(KeywordRule):
         first: the root's, the children's and the full-precision policies all read it, once, as FSDP1 did."""
         for name in ("param_dtype", "reduce_dtype", "buffer_dtype"):
             value = settings.dtype(name)
-            if value is not None and not is_reevaluable(value):
-                var = self.analysis.names.fresh(plan.site.node, name, f"fsdp_{name}")
-                plan.before.append(assign(var, value))
-                settings.values[name] = cst.Name(var)
+            if value is not None:
+                settings.values[name] = self.analysis.read_once(value, plan, name, f"fsdp_{name}")
 
     def _run_time(self, argument, unknown: list, branches: list) -> RunTime:
         """Converted by the helper at run time, when every branch is None or a value read again as it is written."""

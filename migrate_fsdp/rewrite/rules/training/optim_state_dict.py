@@ -31,6 +31,7 @@ from migrate_fsdp.rewrite.rules.training.state_dicts import (
     ADVICE,
     DEFAULT_SETTINGS,
     FULL,
+    OPTIM_SIGNATURES,
     SHARDED,
     Builder,
     Settings,
@@ -48,7 +49,7 @@ _LOADERS = {
 }
 UNSHARED_HELPER = "fsdp1_unshared_steps"
 LATER_HELPER = "fsdp2_optim_state_dict_to_load"
-_TO_LOAD = ("model", "optim", "optim_state_dict", "is_named_optimizer", "load_directly", "group")
+_TO_LOAD = OPTIM_SIGNATURES["optim_state_dict_to_load"]
 _TO_LOAD_LEGACY = ("optim_state_dict", "model", "optim", "is_named_optimizer", "load_directly", "group")
 
 
@@ -100,7 +101,7 @@ class OptimStateDict(UsesStateDictPlan):
     # ----- getters -----------------------------------------------------------------------
 
     def _get(self, original, updated):
-        bound = bind(original, ("model", "optim", "optim_state_dict", "group"))
+        bound = bind(original, OPTIM_SIGNATURES["optim_state_dict"])
         if bound is None or "model" not in bound or "optim" not in bound:
             return self._report(original, "arguments not understood")
         settings = self._settings(original)

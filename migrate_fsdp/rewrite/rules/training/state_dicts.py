@@ -47,12 +47,13 @@ ADVICE = (
 _FSDP = "torch.distributed.fsdp"
 _CONTEXT_METHODS = ("state_dict_type", "set_state_dict_type")
 _CONTEXT_PARAMS = ("module", "state_dict_type", "state_dict_config", "optim_state_dict_config")
-_CONTEXT_OPTIM_PARAMS = {
+# Optimizer-state methods whose result depends on the model's state-dict setting, with their parameters in FSDP1's
+# order (the loader's current one; MF203 also reads its legacy `(osd, model, optim)`).
+OPTIM_SIGNATURES = {
     "optim_state_dict": ("model", "optim", "optim_state_dict", "group"),
     "optim_state_dict_to_load": ("model", "optim", "optim_state_dict", "is_named_optimizer", "load_directly", "group"),
 }
-# Optimizer-state methods whose result depends on the model's state-dict setting.
-CONTEXT_OPTIM_METHODS = ("optim_state_dict", "optim_state_dict_to_load")
+CONTEXT_OPTIM_METHODS = tuple(OPTIM_SIGNATURES)
 LEGACY_OPTIM_METHODS = (
     "full_optim_state_dict",
     "sharded_optim_state_dict",
@@ -360,7 +361,7 @@ class StateDictPlan:
         for node, _ in walk(*region):
             method = self._fsdp_method(node.func) if isinstance(node, cst.Call) else None
             if method in CONTEXT_OPTIM_METHODS:
-                bound = bind(node, _CONTEXT_OPTIM_PARAMS[method])
+                bound = bind(node, OPTIM_SIGNATURES[method])
                 if bound is not None and "optim" in bound and dotted(bound["optim"].value):
                     found.add(dotted(bound["optim"].value))
         return found
