@@ -44,6 +44,9 @@ _PARTIAL = ("functools.partial",)
 _RETURNS_SELF = frozenset(
     {"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train", "eval", "requires_grad_", "to_empty"}
 )
+# Methods that put their last argument into a module container: `blocks.append(FSDP(b))`.
+_STORING = frozenset({"append", "insert", "add_module", "register_module"})
+_CONTAINERS = ("torch.nn.ModuleDict", "torch.nn.ModuleList", "torch.nn.Sequential")
 # Statements whose bodies may not run (or run instead of another branch).
 # Where a model known to be sharded comes from, when not from a constructor in this file.
 FSDP2 = "an FSDP2 module"
@@ -137,6 +140,8 @@ class FsdpModels:
         self._names: dict[int, _Definition] = {}  # id(target Name or Param) -> definition
         self._chains: dict[tuple, list[_Definition]] = {}  # (owner id, chain) -> definitions
         self._narrowings: dict[str, list[_Definition]] = {}  # chain -> isinstance narrowings
+        # (owner id, chain) -> values put into the container the chain names: `d[k] = v`, `d.append(v)`
+        self._stores: dict[tuple, list[_Definition]] = {}
         self._functions: dict[int, _Function] = {}  # id(FunctionDef) -> info
         self._calls: list[tuple[cst.Call, tuple]] = []  # calls of plain names, for parameter inference
         self._call_funcs: set[int] = set()
@@ -177,6 +182,8 @@ class FsdpModels:
             owner = self._chain_owner(target, definition.path)
             if owner is not None:
                 self._chains.setdefault((owner, dotted(target)), []).append(definition)
+        elif isinstance(target, cst.Subscript) and dotted(target.value):
+            self._store(target.value, definition)
         elif isinstance(target, (cst.Tuple, cst.List)):
             values = definition.value.elements if isinstance(definition.value, (cst.Tuple, cst.List)) else None
             elements = target.elements
@@ -189,6 +196,11 @@ class FsdpModels:
                 else:
                     part = _Definition(definition.seq, definition.path, definition.value, definition.kind, element=index)
                 self._add_target(element.value, part)
+
+    def _store(self, container, definition: _Definition) -> None:
+        owner = self._chain_owner(container, definition.path)
+        if owner is not None:
+            self._stores.setdefault((owner, dotted(container)), []).append(definition)
 
     def _chain_owner(self, node, path) -> int | None:
         """What an attribute chain is keyed by: the class for `self.x`, else the scope of its root name."""
@@ -320,6 +332,9 @@ class FsdpModels:
             node.args and self.ctx.matches(node.func, *_PARTIAL) and self.ctx.matches(node.args[0].value, FSDP_CLASS)
         ):
             self.constructors.append(node)
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _STORING and dotted(func.value) and node.args:
+            self._store(func.value, _Definition(self._next_seq(), self._statement_path(), node.args[-1].value))
         if isinstance(node.func, cst.Name):
             self._calls.append((node, tuple(self.ctx.stack)))
             self._call_funcs.add(id(node.func))
@@ -789,6 +804,113 @@ class FsdpModels:
         untied = self._traced(node, stack, out_of_sight) is Kind.FSDP
         return Origins(ties, fsdp2, untied)
 
+    def holder_origins(self, node, stack) -> "Origins | None":
+        """Where the sharded models come from that the module `node` holds as submodules (`teacher["backbone"] =
+        FSDP(...)`, `self.student.head = FSDP(...)`, `nn.ModuleList([FSDP(b) for b in blocks])`), or that its
+        element `node` (`d[k]`) is; None when it holds none. Its `state_dict()` then gathers each FSDP1 child's
+        full tensors, where FSDP2's are DTensor shards."""
+        path = tuple(stack)
+        held = self._held(node, path)
+        if not held:
+            return None
+
+        def holds(assume: dict) -> bool:
+            saved = self._memo, self._assume
+            self._memo, self._assume = {}, assume
+            try:
+                return any(self._definition_kind(d, None, 1) is Kind.FSDP for d in held)
+            finally:
+                self._memo, self._assume = saved
+
+        if not holds({}):
+            return None
+        ties = frozenset(c for c in self.constructors if not holds({id(c): Kind.UNKNOWN}))
+        out_of_sight = {id(c): Kind.PLAIN for c in self.constructors} | {FSDP2: Kind.PLAIN}
+        return Origins(ties, not holds({FSDP2: Kind.UNKNOWN}), holds(out_of_sight))
+
+    def _held(self, node, path) -> list:
+        """What may be stored in the module `node` names, as definitions of those values."""
+        element = isinstance(node, cst.Subscript)
+        while isinstance(node, cst.Subscript):  # an element of a container: a sharded model, or a holder of some
+            node = node.value
+        if not dotted(node):
+            return []
+        keys = self._keys(node, path)
+        held = [
+            d
+            for table, deeper in ((self._stores, ""), (self._chains, "."))
+            for (owner, chain, _) in keys
+            for (key_owner, key), definitions in table.items()
+            if key_owner == owner and (key == chain + deeper or key.startswith(chain + "."))
+            for d in definitions
+        ]
+        if not element and not self._is_module(keys, node, path):
+            held = []
+        if isinstance(node, cst.Name) or len(keys) == 1:
+            held += [d for definition in self._definitions_of(node, path) for d in self._built_holding(definition)]
+        return held + [d for definition in held for d in self._built_holding(definition)]
+
+    def _keys(self, node, path) -> list:
+        """(owner, chain, class) under which what the module `node` holds is recorded: its own chain, and
+        `self.<rest>` of a class of this file whose instance a prefix of it is (`m.teacher` of `m = Meta()`)."""
+        keys = [(self._chain_owner(node, path), dotted(node), None)]
+        if isinstance(node, cst.Name):
+            function = next((n for n in reversed(path) if isinstance(n, cst.FunctionDef)), None)
+            owner = self._method_owner(function, path[: path.index(function) + 1]) if function is not None else None
+            positional = [*function.params.posonly_params, *function.params.params] if owner is not None else []
+            if positional and positional[0].name.value == node.value:
+                keys = [(id(owner), "self", owner)]
+        base, rest = node, []
+        while True:
+            for definition in self._definitions_of(base, path):
+                instance_of = self._local_class(definition.value.func) if isinstance(definition.value, cst.Call) else None
+                if instance_of is not None:
+                    keys.append((id(instance_of), ".".join(["self", *rest]), instance_of if not rest else None))
+            if not isinstance(base, cst.Attribute):
+                return keys
+            rest.insert(0, base.attr.value)
+            base = base.value
+
+    def _definitions_of(self, node, path) -> list:
+        if isinstance(node, cst.Name):
+            return [self._names[id(a.node)] for a in assignments_of(self.ctx.scope(node), node.value) if id(a.node) in self._names]
+        owner = self._chain_owner(node, path)
+        return list(self._chains.get((owner, dotted(node)), ()))
+
+    def _built_holding(self, definition) -> list:
+        """Definitions of the modules an `nn.ModuleDict({...})`, `nn.ModuleList([...])` or `nn.Sequential(...)`
+        that `definition` builds holds."""
+        value = definition.value
+        if not isinstance(value, cst.Call) or not self.ctx.matches(value.func, *_CONTAINERS):
+            return []
+        return [_Definition(definition.seq, definition.path, e) for arg in value.args for e in _elements(arg.value)]
+
+    def _local_class(self, func) -> cst.ClassDef | None:
+        if not isinstance(func, cst.Name):
+            return None
+        classes = [a.node for a in assignments_of(self.ctx.scope(func), func.value) if isinstance(a.node, cst.ClassDef)]
+        return classes[0] if len(classes) == 1 else None
+
+    def _is_module(self, keys, node, path) -> bool:
+        """`node` holds an `nn.Module` (its attributes are submodules, its `state_dict()` is torch's): `self` or an
+        instance of a module class, or a value built by a torch.nn class or a module class of this file."""
+        for owner, chain, instance_of in keys:
+            if instance_of is not None:
+                return self._is_module_class(instance_of)
+            definitions = self._chains.get((owner, chain), ()) if chain != dotted(node) else self._definitions_of(node, path)
+            if definitions and all(isinstance(d.value, cst.Call) and self._builds_module(d.value.func) for d in definitions):
+                return True
+        return False
+
+    def _builds_module(self, func) -> bool:
+        local = self._local_class(func)
+        if local is not None:
+            return self._is_module_class(local)
+        return any(n.startswith("torch.nn.") and n[9:10].isupper() for n in self.ctx.qualified_names(func))
+
+    def _is_module_class(self, node: cst.ClassDef) -> bool:
+        return any(self._builds_module(base.value) for base in node.bases)
+
     def is_fsdp2_module(self, node, stack) -> bool:
         """`node` holds an FSDP2 module and nothing else: its own methods are not FSDP1 API."""
         origins = self.origins(node, tuple(stack))
@@ -809,6 +931,19 @@ class FsdpModels:
     def file_may_hold_ddp(self) -> bool:
         """The file uses DDP and nothing of FSDP: a `.no_sync()` of unknown origin is presumably DDP's."""
         return self.imports_ddp and not self.imports_fsdp
+
+
+def _elements(node) -> list:
+    """The modules a container's argument lists: dict values, list elements, a comprehension's element."""
+    if isinstance(node, cst.Dict):
+        return [e.value for e in node.elements if isinstance(e, cst.DictElement)]
+    if isinstance(node, (cst.List, cst.Tuple)):
+        return [e.value for e in node.elements if not isinstance(e, cst.StarredElement)]
+    if isinstance(node, (cst.ListComp, cst.GeneratorExp)):
+        return [node.elt]
+    if isinstance(node, cst.DictComp):
+        return [node.value]
+    return [node]
 
 
 FACTS_KEY = "training.fsdp_models"

@@ -411,7 +411,7 @@ class Gate:
         models = fsdp_models(self.ctx)
         ties, untied, fsdp2 = set(), False, False
         for expression in _model_expressions(node):
-            origins = models.origins(expression, stack)
+            origins = models.origins(expression, stack) or models.holder_origins(expression, stack)
             if origins is not None:
                 ties |= {self.ctx.position(c) for c in origins.constructors}
                 untied = untied or origins.untied

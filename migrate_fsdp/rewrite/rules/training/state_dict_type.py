@@ -123,7 +123,19 @@ class StateDictType(UsesStateDictPlan):
             self.ctx.report(original, self.code, f"not converted: {blocked}; {ADVICE}")
             return updated
         if settings is None:
-            if not self.models.is_fsdp_model(func.value) or self.models.is_fsdp2_module(func.value, self.ctx.stack):
+            receiver = func.value
+            if self.models.is_fsdp_model(receiver):
+                if self.models.is_fsdp2_module(receiver, self.ctx.stack):
+                    return updated
+            elif self.models.holder_origins(receiver, self.ctx.stack) is None:
+                return updated
+            elif self.plan.contexts:
+                self.ctx.report(
+                    original,
+                    self.code,
+                    f"`{code_of(self.ctx, receiver)}` holds FSDP1 models, and a state-dict type this file sets on "
+                    f"a model may apply to them; {ADVICE}",
+                )
                 return updated
             if self.plan.unresolved:
                 self.ctx.report(
