@@ -13,6 +13,8 @@ when there is one, else where the FSDP imports stood, inside the same
 `try:` / version check when those were guarded.
 """
 
+import sys
+
 import libcst as cst
 
 from migrate_fsdp.rewrite.names import FSDP_PACKAGE, is_fsdp1
@@ -289,6 +291,13 @@ def _alias(name: str, local: str) -> cst.ImportAlias:
     return cst.ImportAlias(name=cst.Name(name), asname=asname)
 
 
+def _alias_order(alias: cst.ImportAlias) -> tuple:
+    """isort's order of the names of one `from` import: constants, classes, then the rest."""
+    name = dotted(alias.name)
+    kind = 0 if name.isupper() and len(name) > 1 else 1 if name[:1].isupper() else 2
+    return kind, name.lower()
+
+
 def _merge_into(statement, module_name: str, aliases: list):
     """`statement` with `aliases` appended to its `from module_name import ...`, or None."""
     for index, imp in enumerate(statement.body):
@@ -309,9 +318,12 @@ def _merge_into(statement, module_name: str, aliases: list):
                 new[-1] = new[-1].with_changes(comma=_relaid(closing, None))
             else:
                 comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-                names[-1] = names[-1].with_changes(comma=comma)
+                last = names[-1].comma
+                if imp.rpar is None and names == sorted(names, key=_alias_order):  # kept sorted, as isort would
+                    names, aliases = sorted([*names, *aliases], key=_alias_order), []
+                names = [alias.with_changes(comma=comma) for alias in names]
                 new = [alias.with_changes(comma=comma) for alias in aliases]
-                new[-1] = new[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                (new or names)[-1] = (new or names)[-1].with_changes(comma=last)
             body = list(statement.body)
             body[index] = imp.with_changes(names=[*names, *new])
             return statement.with_changes(body=body)
@@ -391,11 +403,76 @@ def _import_position(body: list, package: str | None = None) -> int:
 
 def _insert_import(body: list, line, package: str | None = None) -> None:
     position = _import_position(body, package)
-    if position < len(body) and is_import_line(body[position]):
+    module = _from_module(line)
+    new_section = False
+    if module is not None and _is_stdlib(module):
+        position = _stdlib_position(body, position)
+        # the first import of the standard library, above the others': a section of its own
+        new_section = position < len(body) and not _is_stdlib(_first_module(body[position]))
+        new_section = new_section and (position == 0 or not _is_stdlib(_first_module(body[position - 1])))
+    if module is not None:
+        position = _sorted_position(body, position, module)
+    # the last of the standard library's section: the next section keeps its blank line
+    ends_section = module is not None and _is_stdlib(module) and not new_section
+    ends_section = ends_section and position < len(body) and not _is_stdlib(_first_module(body[position]))
+    if not ends_section and position < len(body) and is_import_line(body[position]):
         # Take over the comments above the line we are inserted before.
         line = line.with_changes(leading_lines=body[position].leading_lines)
-        body[position] = body[position].with_changes(leading_lines=[])
+        body[position] = body[position].with_changes(leading_lines=[cst.EmptyLine()] if new_section else [])
     body.insert(position, line)
+
+
+def _from_line(module_name: str, aliases: list) -> cst.SimpleStatementLine:
+    aliases = sorted(aliases, key=_alias_order)
+    return cst.SimpleStatementLine([cst.ImportFrom(module=cst.parse_expression(module_name), names=aliases)])
+
+
+def _from_module(statement) -> str | None:
+    """The module of a line holding one absolute `from M import ...`."""
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        node = statement.body[0]
+        if isinstance(node, cst.ImportFrom) and not node.relative and node.module is not None:
+            return dotted(node.module)
+    return None
+
+
+def _first_module(statement) -> str:
+    modules = imported_modules(statement) if is_import_line(statement) else []
+    return modules[0] if modules else ""
+
+
+def _is_stdlib(module: str) -> bool:
+    return module.split(".")[0] in sys.stdlib_module_names
+
+
+def _stdlib_position(body: list, position: int) -> int:
+    """For a standard-library module: before the header's first import of another module, when that comes
+    before `position`."""
+    for index in range(position):
+        if is_import_line(body[index]) and not _is_stdlib(_first_module(body[index])):
+            return index
+    return position
+
+
+def _starts_block(statement) -> bool:
+    return any(isinstance(line, cst.EmptyLine) and line.comment is None for line in statement.leading_lines)
+
+
+def _sorted_position(body: list, position: int, module: str) -> int:
+    """`position` moved within its run of `from` imports to where isort would put `from module import ...`
+    (a formatter run afterwards then leaves the line where it is)."""
+    start = position
+    while position > 0 and (_from_module(body[position - 1]) or "") > module:
+        if position < len(body) and _starts_block(body[position]):
+            break
+        position -= 1
+    if position != start:
+        return position
+    while position < len(body) and (_from_module(body[position]) or module) < module:
+        if position + 1 < len(body) and _starts_block(body[position + 1]):
+            return position + 1
+        position += 1
+    return position
 
 
 def _add_imports(body: list, imports: dict, used: _UsedNames) -> None:
@@ -414,7 +491,7 @@ def _add_imports(body: list, imports: dict, used: _UsedNames) -> None:
     for module_name, aliases in by_module.items():
         if _merge_anywhere(body, module_name, aliases):
             continue
-        line = cst.SimpleStatementLine([cst.ImportFrom(module=cst.parse_expression(module_name), names=aliases)])
+        line = _from_line(module_name, aliases)
         guard = _fsdp_import_guard(body)
         if guard is None:
             _insert_import(body, line)
@@ -530,8 +607,7 @@ class _ImportsIntoFunctions(cst.CSTTransformer):
             if not _already_imported(body, module_name, name, local):
                 by_module.setdefault(module_name, []).append(_alias(name, local))
         for module_name, aliases in by_module.items():
-            line = cst.SimpleStatementLine([cst.ImportFrom(module=cst.parse_expression(module_name), names=aliases)])
-            _insert_import(body, line)
+            _insert_import(body, _from_line(module_name, aliases))
         self.needed[-1] = []
         return updated.with_changes(body=body)
 

@@ -85,7 +85,7 @@ def test_insertions_helpers_and_imports(rules):
     )
     head, helper = result.code.split("\n\n\n", 1)
     helper, body = helper.rsplit("\n\n\n", 1)
-    assert head == '"""Docstring."""\nimport torch\nfrom torch.distributed.fsdp import fully_shard, FSDPModule'
+    assert head == '"""Docstring."""\nimport torch\nfrom torch.distributed.fsdp import FSDPModule, fully_shard'
     assert helper.startswith("def _fsdp1_forward_prefetch(root):\n") and "\n\n\n" not in helper  # once
     assert body == textwrap.dedent(
         """\
@@ -138,7 +138,7 @@ def test_taken_name_gets_an_alias_and_unconverted_use_keeps_its_import(rules):
         """,
         rules(WrapToFullyShard),
     )
-    assert "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, fully_shard as fsdp2_fully_shard" in result.code
+    assert "from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel as FSDP, fully_shard as fsdp2_fully_shard" in result.code
     assert "m = fsdp2_fully_shard(net)" in result.code
     assert [d.code for d in result.diagnostics] == ["MF900"]
 

@@ -37,7 +37,7 @@ def test_fsdp2_imports_go_into_the_guard_the_fsdp1_imports_were_in():
         import torch
 
         try:
-            from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         except ImportError:
             FSDP = None
 
@@ -206,3 +206,33 @@ def test_a_file_that_stays_partly_fsdp1_keeps_the_fsdp1_imports_it_did_not_use()
             return FSDP(module, **cfg.kwargs())
         """
     assert rewrite(source).replace("    # TODO(migrate-fsdp): MF101 FSDP(...) call left as is\n", "") == textwrap.dedent(source)
+
+
+def test_new_imports_take_their_isort_places():
+    """A file whose imports were sorted stays sorted: a standard-library import joins (or opens) its section,
+    a new `from` line goes where its module sorts, names merged into a sorted line keep it sorted."""
+    assert rewrite(
+        """\
+        import os
+
+        import torch
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+
+        def save(module, path):
+            model = FSDP(module, device_id=torch.device("cpu"))
+            for step in range(2):
+                with model.no_sync():
+                    model(torch.ones(2)).sum().backward()
+            torch.save(model.state_dict(), os.path.join(path, "model.pt"))
+        """
+    ).split("\\n\\n\\n")[0] == textwrap.dedent(
+        """\
+        import os
+        from contextlib import contextmanager
+
+        import torch
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard"""
+    )
