@@ -226,7 +226,7 @@ def test_new_imports_take_their_isort_places():
                     model(torch.ones(2)).sum().backward()
             torch.save(model.state_dict(), os.path.join(path, "model.pt"))
         """
-    ).split("\\n\\n\\n")[0] == textwrap.dedent(
+    ).split("\n\n\n")[0] == textwrap.dedent(
         """\
         import os
         from contextlib import contextmanager
