@@ -43,7 +43,9 @@ def test_fsdp2_imports_go_into_the_guard_the_fsdp1_imports_were_in():
 
 
         def wrap(model):
-            return fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+            return fully_shard(
+                model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+            )
         """
     )
 

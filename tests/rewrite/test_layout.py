@@ -1,0 +1,65 @@
+"""Lines the rewrite makes too long are split at their brackets as black would; the user's own lines are not."""
+
+import textwrap
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.layout import line_length, wrap_long_lines
+
+
+def wrapped(original: str, rewritten: str) -> str:
+    original, rewritten = textwrap.dedent(original), textwrap.dedent(rewritten)
+    result = wrap_long_lines(cst.parse_module(rewritten), original).code
+    cst.parse_module(result)
+    assert wrap_long_lines(cst.parse_module(result), result).code == result, "not a fixed point"
+    return result
+
+
+def test_the_line_length_is_blacks_or_the_files_longest_code():
+    assert line_length("x = 1\n") == 88
+    assert line_length("x = f(" + "a, " * 40 + "b)\n") == 128
+    assert line_length("# " + "x" * 200 + "\ny = 'a' + '" + "s" * 150 + "'\n") == 88  # comments and strings do not count
+
+
+def test_arguments_go_on_one_line_when_they_fit_there_else_one_a_line():
+    original = """\
+        def save(model, optimizer):
+            torch.save(model.state_dict(), "model.pt")
+            torch.save({"model": model.state_dict(), "optim": FSDP.optim_state_dict(model, opt)}, "all.pt")
+        """
+    rewritten = """\
+        def save(model, optimizer):
+            torch.save(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)), "model.pt")
+            torch.save({"model": get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)), "optim": get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))}, "all.pt")
+        """
+    assert wrapped(original, rewritten) == textwrap.dedent(
+        """\
+        def save(model, optimizer):
+            torch.save(
+                get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)), "model.pt"
+            )
+            torch.save(
+                {
+                    "model": get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)),
+                    "optim": get_optimizer_state_dict(
+                        model, optimizer, options=StateDictOptions(full_state_dict=True)
+                    ),
+                },
+                "all.pt",
+            )
+        """
+    )
+
+
+def test_lines_the_file_had_and_lines_that_cannot_split_stay():
+    long_call = "result = compute(" + ", ".join(f"argument_{i}" for i in range(12)) + ")"
+    original = f"""\
+        {long_call}
+        short = 1
+        """
+    rewritten = f"""\
+        {long_call}
+        short = sum(value_with_a_rather_long_name_{"x" * 60} for value_with_a_rather_long_name in values)
+        total = sum(x for x in range(10_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000_0))
+        """
+    assert wrapped(original, rewritten) == textwrap.dedent(rewritten)  # a bare generator argument takes no comma
