@@ -113,9 +113,11 @@ class Analysis:
         return value, definition
 
     def owned(self, node, plan) -> Definition | None:
-        """The single definition of a name that only this call reads, so that it can change where it stands."""
+        """The single definition of a name that only this call reads (itself, or through the values it follows:
+        `table` of `strategy = table[name]`), so that it can change where it stands."""
         definition = self.definitions.of(node)
-        if definition is None or not all(id(load) in subtree_ids(plan.site.node) for load in definition.loads):
+        inside = subtree_ids(plan.site.node).union(*(subtree_ids(d.value) for d in plan.definitions))
+        if definition is None or not all(id(load) in inside for load in definition.loads):
             return None
         return definition
 

@@ -52,7 +52,7 @@ class ShardingStrategyRule(KeywordRule):
             if member in NO_RESHARD:
                 plan.kwargs["reshard_after_forward"] = (cst.Name("False"), argument.arg)
             return
-        if definition is not None and not self._uses(value):
+        if definition is not None and not self._uses(value) and self._possible(value, plan) is None:
             # A name for something computed elsewhere: read it at run time, where it is.
             self.analysis.unfollow(definition, plan)
             value = argument.value
