@@ -36,6 +36,7 @@ def test_the_rewrite_uses_every_helper_file():
         mesh.SHARDING_HELPER,
         mesh.HYBRID_MESH_HELPER,
         mixed_precision.HELPER,
+        mixed_precision.CAST_BUFFERS_HELPER,
         settings_where_defined.HELPER,
         settings_where_defined.LAMBDA_HELPER,
         clip_grad_norm.HELPER_NAME,
@@ -89,6 +90,37 @@ def test_root_modules_stops_at_the_outermost_fsdp_modules():
     outer.add_module("inner", inner)
     model = nn.Sequential(nn.ReLU(), outer, nn.Sequential(sharded()))
     assert helper("fsdp2_root_modules")(model) == [outer, model[2][0]]
+
+
+def test_cast_buffers_leaves_units_sharded_earlier_full_precision_and_ignored_modules():
+    from torch.distributed.fsdp import FSDPModule
+
+    def with_buffer(module):
+        module.register_buffer("running", torch.zeros(2))
+        module.register_buffer("count", torch.zeros(2, dtype=torch.long))
+        return module
+
+    unit = with_buffer(nn.Linear(2, 2))
+    unit.__class__ = type("FSDPLinear", (FSDPModule, nn.Linear), {})  # sharded by an earlier call
+    unit.add_module("inside", with_buffer(nn.Linear(2, 2)))
+    model = with_buffer(nn.Sequential(with_buffer(nn.Linear(2, 2)), nn.BatchNorm1d(2), unit, with_buffer(nn.Linear(2, 2))))
+    helper("fsdp2_cast_buffers")(model, torch.bfloat16, nn.modules.batchnorm._BatchNorm, {model[3]})
+    dtypes = {name: buffer.dtype for name, buffer in model.named_buffers()}
+    assert dtypes == {
+        "running": torch.bfloat16,
+        "count": torch.long,
+        "0.running": torch.bfloat16,
+        "0.count": torch.long,
+        "1.running_mean": torch.float32,
+        "1.running_var": torch.float32,
+        "1.num_batches_tracked": torch.long,
+        "2.running": torch.float32,
+        "2.count": torch.long,
+        "2.inside.running": torch.float32,
+        "2.inside.count": torch.long,
+        "3.running": torch.float32,
+        "3.count": torch.long,
+    }
 
 
 def test_full_state_dict_offloads_and_keeps_nesting():

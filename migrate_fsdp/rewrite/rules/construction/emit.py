@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, expression, is_reevaluable, keyword, statements, with_commas
-from migrate_fsdp.rewrite.rules.construction.mixed_precision import RunTime
+from migrate_fsdp.rewrite.rules.construction.mixed_precision import CAST_BUFFERS_HELPER, RunTime
 
 # fully_shard's keyword order.
 _ORDER = ("mesh", "reshard_after_forward", "mp_policy", "offload_policy", "ignored_params")
@@ -125,6 +125,7 @@ class Emitter:
             full_state_dict = self.names.fresh(self.anchor, "full_state_dict", "fsdp1_full_state_dict")
             per_call += rules["MF110"].before(plan, module, full_state_dict)
 
+        per_call += self._buffer_cast(module, skip)
         if plan.has_children:
             child = dict(shared)
             if settings is not None:
@@ -207,53 +208,37 @@ class Emitter:
             full_state_dict = self.names.fresh(self.anchor, "full_state_dict", "fsdp1_full_state_dict")
             buffer = self.names.fresh(self.anchor, "buffer", "fsdp_buffer")
             after += rules["MF110"].after(plan, module, full_state_dict, buffer)
-        settings = self.mixed_precision
-        dtype = rules["MF104"].buffer_dtype(settings) if settings is not None else None
-        if dtype is not None:
-            if rules["MF104"].may_skip_buffer_cast(settings):
-                cast = self._cast_buffers(module, dtype, skip)
-                after.append(cst.If(test=expression("DTYPE is not None", DTYPE=dtype), body=cst.IndentedBlock(cast)))
-            elif isinstance(dtype, cst.IfExp):  # chosen at run time, None where no cast is needed
-                var = self.names.fresh(self.anchor, "buffer_dtype", "fsdp_buffer_dtype")
-                cast = self._cast_buffers(module, cst.Name(var), skip)
-                after += [assign(var, dtype), cst.If(test=expression(f"{var} is not None"), body=cst.IndentedBlock(cast))]
-            else:
-                after += self._cast_buffers(module, dtype, skip)
         if plan.forward_prefetch:
             after += rules["MF109"].statements(plan, module)
         return after
 
+    def _buffer_cast(self, module, skip) -> list[cst.BaseStatement]:
+        """The statements casting buffers as FSDP1's buffer_dtype did, when the settings have one."""
+        settings, mp = self.mixed_precision, self.rules["MF104"]
+        dtype = mp.buffer_dtype(settings) if settings is not None else None
+        if dtype is None:
+            return []
+        if mp.may_skip_buffer_cast(settings):
+            cast = self._cast_buffers(module, dtype, skip)
+            return [cst.If(test=expression("DTYPE is not None", DTYPE=dtype), body=cst.IndentedBlock(cast))]
+        if isinstance(dtype, cst.IfExp):  # chosen at run time, None where no cast is needed
+            var = self.names.fresh(self.anchor, "buffer_dtype", "fsdp_buffer_dtype")
+            cast = self._cast_buffers(module, cst.Name(var), skip)
+            return [assign(var, dtype), cst.If(test=expression(f"{var} is not None"), body=cst.IndentedBlock(cast))]
+        return self._cast_buffers(module, dtype, skip)
+
     def _cast_buffers(self, module, dtype, skip) -> list[cst.BaseStatement]:
-        """FSDP1 cast floating buffers to buffer_dtype, except in full-precision and ignored modules."""
+        """FSDP1 cast the floating buffers of each unit to its buffer_dtype, except in full-precision and ignored
+        modules; done before sharding, where the units earlier calls made are the FSDP modules already there."""
         mp = self.rules["MF104"]
         classes = mp.full_precision_classes(self.mixed_precision, self.anchor) if self.plan.has_children else None
-        buffer = self.names.fresh(self.anchor, "buffer", "fsdp_buffer")
-        comment = "# FSDP1's MixedPrecision(buffer_dtype=...): fully_shard does not cast buffers"
-        if classes is None and skip is None:
-            return statements(
-                f"""
-                {comment}
-                for {buffer} in M.buffers():
-                    if {buffer}.is_floating_point():
-                        {buffer}.data = {buffer}.data.to(DTYPE)
-                """,
-                M=module,
-                DTYPE=dtype,
-            )
-        owner = self.names.fresh(self.anchor, "submodule", "fsdp_submodule")
-        kept = ([f"not isinstance({owner}, FP)"] if classes is not None else []) + ([f"{owner} not in SKIP"] if skip else [])
+        helper = self.ctx.add_helper(CAST_BUFFERS_HELPER)
+        arguments = "M, DTYPE" + (", FP" if classes is not None or skip else "") + (", SKIP" if skip else "")
         return statements(
-            f"""
-            {comment}
-            for {owner} in M.modules():
-                if {" and ".join(kept)}:
-                    for {buffer} in {owner}.buffers(recurse=False):
-                        if {buffer}.is_floating_point():
-                            {buffer}.data = {buffer}.data.to(DTYPE)
-            """,
+            f"{helper}({arguments})",
             M=module,
             DTYPE=dtype,
-            FP=classes,
+            FP=classes if classes is not None else cst.Tuple([]),
             SKIP=skip[0] if skip else None,
         )
 

@@ -39,6 +39,7 @@ from migrate_fsdp.rewrite.rules.construction.codegen import call, expression, gr
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 
 MIXED_PRECISION = "torch.distributed.fsdp.MixedPrecision"
+CAST_BUFFERS_HELPER = "fsdp2_cast_buffers"  # FSDP1's buffer_dtype, which fully_shard does not apply
 POLICY = ("torch.distributed.fsdp", "MixedPrecisionPolicy")
 FIELDS = (
     "param_dtype",
