@@ -16,8 +16,9 @@ reported on any receiver.
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, code_of
+from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, RemovesStatements, code_of
 from migrate_fsdp.rewrite.analysis.models import Kind
+from migrate_fsdp.rewrite.syntax import dotted
 
 _ADVICE = {
     "module": "FSDP2 wraps nothing: use the model itself (`fully_shard` shards it in place)",
@@ -46,7 +47,7 @@ _MODULE_STATE_API = frozenset(
 _CHANGED = frozenset({"apply"})  # nn.Module has it too, without FSDP1's gathering
 
 
-class WrapperAttributes(TrainingRule):
+class WrapperAttributes(RemovesStatements):
     code = "MF209"
     name = "wrapper-attributes"
     summary = "model.module -> model; other FSDP1 wrapper attributes (process_group, sharding_strategy, ...) reported with FSDP2 advice"
@@ -61,6 +62,10 @@ class WrapperAttributes(TrainingRule):
             self.ctx.report(original, self.code, f"`FSDP.{name}` {what} in FSDP2; {_ADVICE[name]}")
             return updated
         kind = self.receiver_kind(original)
+        if name == "module" and kind is Kind.FSDP and self._unwrapping(original) is not None:
+            # `m.module if isinstance(m, FSDP) else m`, `if isinstance(m, FSDP): return m.module`: the user's
+            # module, which under FSDP2 is the model itself
+            return updated.value if self.fsdp2_ahead(original) else updated
         if name == "module" and kind is Kind.FSDP and self._reaches_the_users_own(original):
             # FSDP1's root wrapped the module; fully_shard shards the module itself: `model.module.freeze()` is
             # `model.freeze()`. What nn.Module enumerates or serialises (state_dict, parameters, ...) differs
@@ -71,6 +76,64 @@ class WrapperAttributes(TrainingRule):
             what = "works differently" if name in _CHANGED else "does not exist"
             self.ctx.report(original, self.code, f"`{receiver}.{name}` {what} on an FSDP2 model; {_ADVICE[name]}")
         return updated
+
+    def leave_IfExp(self, original: cst.IfExp, updated):
+        """`m if isinstance(m, FSDP) else m`, once its `m.module` became `m`: `m`."""
+        subject = dotted(original.orelse)
+        if subject and self._unwraps(original.test, subject) and dotted(updated.body) == subject == dotted(updated.orelse):
+            return updated.orelse
+        return updated
+
+    def leave_SimpleStatementLine(self, original, updated):
+        """`m = m` left by an unwrapping (`m = m.module if isinstance(m, FSDP) else m`, `m = m.module` under
+        `if isinstance(m, FSDP):`) goes."""
+        (small, *rest) = updated.body
+        if not rest and isinstance(small, cst.Assign) and len(small.targets) == 1:
+            target = dotted(small.targets[0].target)
+            was = original.body[0].value if isinstance(original.body[0], cst.Assign) else None
+            if target and target == dotted(small.value) and target != dotted(was):
+                return self.remove_statement(original)
+        return super().leave_SimpleStatementLine(original, updated)
+
+    def leave_If(self, original, updated):
+        """An `if isinstance(m, FSDP):` whose body the unwrapping emptied goes."""
+        test = original.test
+        subject = dotted(test.args[0].value) if isinstance(test, cst.Call) and test.args else ""
+        emptied = isinstance(updated.body, cst.IndentedBlock) and not updated.body.body and updated.orelse is None
+        if emptied and subject and self._unwraps(test, subject):
+            self._defer_comments([line for line in original.leading_lines if line.comment] and list(original.leading_lines))
+            self.ctx.mark_handled(original)
+            return cst.RemoveFromParent()
+        return super().leave_If(original, updated)
+
+    def _unwrapping(self, node: cst.Attribute) -> str | None:
+        """The model `m` when `node` is `m.module` taken as the user's module where `isinstance(m, FSDP)` holds:
+        `m.module if isinstance(m, FSDP) else m`, or the value returned or given back to `m` in the body of
+        `if isinstance(m, FSDP):`."""
+        subject = dotted(node.value)
+        stack = self.ctx.stack
+        parent = stack[-2] if len(stack) >= 2 else None
+        if isinstance(parent, cst.IfExp) and parent.body is node:
+            return subject if dotted(parent.orelse) == subject and self._unwraps(parent.test, subject) else None
+        statement = stack[-3] if len(stack) >= 3 else None
+        returned = isinstance(parent, cst.Return) and parent.value is node
+        given_back = isinstance(parent, cst.Assign) and parent.value is node and [dotted(t.target) for t in parent.targets] == [subject]
+        if not (returned or given_back) or not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return None
+        block, branch = (stack[-4], stack[-5]) if len(stack) >= 5 else (None, None)
+        inside = isinstance(branch, cst.If) and branch.body is block and self._unwraps(branch.test, subject)
+        return subject if inside and (returned or len(block.body) == 1) else None
+
+    def _unwraps(self, test, subject: str) -> bool:
+        """`test` is `isinstance(subject, FSDP)` (the class alone)."""
+        return (
+            isinstance(test, cst.Call)
+            and self.ctx.matches(test.func, "builtins.isinstance")
+            and len(test.args) == 2
+            and dotted(test.args[0].value) == subject
+            and self.models.class_kind(test.args[1].value) is Kind.FSDP
+            and not isinstance(test.args[1].value, cst.Tuple)
+        )
 
     def _reaches_the_users_own(self, node: cst.Attribute) -> bool:
         """`node` (`model.module`) is read for an attribute of the user's own model class (`.freeze()`,
