@@ -131,6 +131,16 @@ def test_a_returned_setting_must_be_unpacked_by_every_caller():
     }
 
 
+def test_a_returned_setting_may_be_taken_by_its_index_at_the_call():
+    position = _position_of(POLICIES, b"MixedPrecision(param")
+    indexed = TRAIN.replace(b"mixed_precision=mp if", b"mixed_precision=get_policies(cfg)[0] if")
+    assert _flow({"pkg/policies.py": POLICIES, "pkg/train.py": indexed}).sinks("pkg/policies.py", position) == {
+        Sink("pkg/train.py", (9, 13), "mixed_precision")
+    }
+    wrong = TRAIN.replace(b"mixed_precision=mp if", b"mixed_precision=get_policies(cfg)[1] if")
+    assert _flow({"pkg/policies.py": POLICIES, "pkg/train.py": wrong}).sinks("pkg/policies.py", position) is None
+
+
 def test_the_rewritten_settings_file_parses_and_a_second_run_changes_nothing():
     first = _rewrite({"pkg/policies.py": POLICIES, "pkg/train.py": TRAIN})
     cst.parse_module(first["pkg/policies.py"])

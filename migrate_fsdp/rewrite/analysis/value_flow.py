@@ -166,6 +166,11 @@ class ValueFlow:
             self._value(path, call, found, seen)
             return
         statement = parents.get(id(call))
+        if isinstance(statement, cst.Subscript) and statement.value is call:  # `get_policies(cfg)[0]`
+            if _literal_index(statement) != index:
+                raise _OutOfSight
+            self._value(path, statement, found, seen)
+            return
         if not (isinstance(statement, cst.Assign) and statement.value is call and len(statement.targets) == 1):
             raise _OutOfSight
         target = statement.targets[0].target
@@ -289,6 +294,14 @@ def _module_level_from_imports(module: cst.Module):
         for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
             if isinstance(small, cst.ImportFrom):
                 yield small
+
+
+def _literal_index(subscript: cst.Subscript) -> int | None:
+    """`n` of `value[n]`, a plain non-negative integer index."""
+    if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
+        return None
+    index = subscript.slice[0].slice.value
+    return int(index.value) if isinstance(index, cst.Integer) and index.value.isdigit() else None
 
 
 def _starred(node) -> bool:

@@ -126,7 +126,7 @@ class MixedPrecisionRule(KeywordRule):
         branches = choice.leaves(tree)
         unknown = [branch for branch in branches if isinstance(branch, _Unknown)]
         if unknown:
-            plan.mixed_precision = self._run_time(argument, unknown, branches)
+            plan.mixed_precision = self._run_time(argument, unknown, branches, plan.site)
             del plan.definitions[followed:]  # the value stays as written: the helper reads it
             return
         if all(settings is None for settings in branches):
@@ -143,10 +143,13 @@ class MixedPrecisionRule(KeywordRule):
             if value is not None:
                 settings.values[name] = self.analysis.read_once(value, plan, name, f"fsdp_{name}")
 
-    def _run_time(self, argument, unknown: list, branches: list) -> RunTime:
-        """Converted by the helper at run time, when every branch is None or a value read again as it is written."""
+    def _run_time(self, argument, unknown: list, branches: list, site) -> RunTime:
+        """Converted by the helper at run time, once, into a variable every call reads (`get_policy(cfg)` is
+        called once, as FSDP1 did), or where no statement can go, when every branch is None or a value read
+        again as it is written."""
+        once = site.can_insert and not site.in_lambda
         for branch in unknown:
-            if not is_lookup(branch.source):  # read once, into the helper, before the calls that use it
+            if not (once or is_lookup(branch.source)):
                 self._refuse(branch, argument)
         if any(isinstance(branch, Settings) for branch in branches):  # the MixedPrecision(...) written here would stay FSDP1
             self._refuse(unknown[0], argument)
