@@ -124,7 +124,7 @@ KEEPS_FSDP1 = b'''from torch.distributed.fsdp import FullyShardedDataParallel as
 
 
 def build(module, pick, name):
-    return FSDP(module, mixed_precision=pick(name))
+    return FSDP(module, **pick(name))
 '''
 
 
