@@ -798,35 +798,26 @@ class FsdpModels:
         """
         if self.kind(node, stack) is not Kind.FSDP:
             return None
-        ties = frozenset(c for c in self.constructors if self._traced(node, stack, {id(c): Kind.UNKNOWN}) is not Kind.FSDP)
-        fsdp2 = self._traced(node, stack, {FSDP2: Kind.UNKNOWN}) is not Kind.FSDP
+        return self._traced_origins(lambda: self.kind(node, stack) is Kind.FSDP)
+
+    def _traced_origins(self, sharded) -> Origins:
+        """The sources `sharded()` (true as things are) depends on, found by asking it again under assumptions."""
+        ties = frozenset(c for c in self.constructors if not self._assuming({id(c): Kind.UNKNOWN}, sharded))
+        fsdp2 = not self._assuming({FSDP2: Kind.UNKNOWN}, sharded)
         out_of_sight = {id(c): Kind.PLAIN for c in self.constructors} | {FSDP2: Kind.PLAIN}
-        untied = self._traced(node, stack, out_of_sight) is Kind.FSDP
-        return Origins(ties, fsdp2, untied)
+        return Origins(ties, fsdp2, self._assuming(out_of_sight, sharded))
 
     def holder_origins(self, node, stack) -> "Origins | None":
         """Where the sharded models come from that the module `node` holds as submodules (`teacher["backbone"] =
         FSDP(...)`, `self.student.head = FSDP(...)`, `nn.ModuleList([FSDP(b) for b in blocks])`), or that its
         element `node` (`d[k]`) is; None when it holds none. Its `state_dict()` then gathers each FSDP1 child's
         full tensors, where FSDP2's are DTensor shards."""
-        path = tuple(stack)
-        held = self._held(node, path)
-        if not held:
-            return None
+        held = self._held(node, tuple(stack))
 
-        def holds(assume: dict) -> bool:
-            saved = self._memo, self._assume
-            self._memo, self._assume = {}, assume
-            try:
-                return any(self._definition_kind(d, None, 1) is Kind.FSDP for d in held)
-            finally:
-                self._memo, self._assume = saved
+        def holds() -> bool:
+            return any(self._definition_kind(d, None, 1) is Kind.FSDP for d in held)
 
-        if not holds({}):
-            return None
-        ties = frozenset(c for c in self.constructors if not holds({id(c): Kind.UNKNOWN}))
-        out_of_sight = {id(c): Kind.PLAIN for c in self.constructors} | {FSDP2: Kind.PLAIN}
-        return Origins(ties, not holds({FSDP2: Kind.UNKNOWN}), holds(out_of_sight))
+        return self._traced_origins(holds) if held and self._assuming({}, holds) else None
 
     def _held(self, node, path) -> list:
         """What may be stored in the module `node` names, as definitions of those values."""
@@ -916,11 +907,12 @@ class FsdpModels:
         origins = self.origins(node, tuple(stack))
         return origins is not None and origins.fsdp2 and not origins.constructors and not origins.untied
 
-    def _traced(self, node, stack, assume: dict) -> Kind:
+    def _assuming(self, assume: dict, question):
+        """`question()` answered afresh with `assume` in force (see `_assume`)."""
         saved = self._memo, self._assume
         self._memo, self._assume = {}, assume
         try:
-            return self.kind(node, stack)
+            return question()
         finally:
             self._memo, self._assume = saved
 

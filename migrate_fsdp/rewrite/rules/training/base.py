@@ -204,7 +204,8 @@ class RemovesStatements(TrainingRule):
     def remove_statement(self, original):
         # A comment above the statement stays, with the blank lines that set it apart.
         comments = list(original.leading_lines) if any(line.comment for line in original.leading_lines) else []
-        trailing = original.trailing_whitespace.comment
+        whitespace = getattr(original, "trailing_whitespace", None)  # a compound statement has none
+        trailing = whitespace.comment if whitespace is not None else None
         if trailing is not None:  # `cfg = FullStateDictConfig(...)  # why`: the comment goes on its own line
             comments.append(cst.EmptyLine(comment=trailing))
         self._defer_comments(comments)

@@ -101,9 +101,7 @@ class WrapperAttributes(RemovesStatements):
         subject = dotted(test.args[0].value) if isinstance(test, cst.Call) and test.args else ""
         emptied = isinstance(updated.body, cst.IndentedBlock) and not updated.body.body and updated.orelse is None
         if emptied and subject and self._unwraps(test, subject):
-            self._defer_comments([line for line in original.leading_lines if line.comment] and list(original.leading_lines))
-            self.ctx.mark_handled(original)
-            return cst.RemoveFromParent()
+            return self.remove_statement(original)
         return super().leave_If(original, updated)
 
     def _unwrapping(self, node: cst.Attribute) -> str | None:
