@@ -88,6 +88,9 @@ class FilledDict(Definition):
         return tuple(going.values())
 
 
+# Spellings of older torch releases: 2.0 took the parameters to ignore as `ignored_parameters`, renamed in 2.1.
+_RENAMED = {"ignored_parameters": "ignored_states"}
+
 _BACKWARD_PRE = "torch.distributed.fsdp.BackwardPrefetch.BACKWARD_PRE"
 
 # FSDP1's defaults for what an `if` may or may not put in a kwargs dict (backward_prefetch's is not a literal).
@@ -402,6 +405,7 @@ def bind(call: cst.Call, definitions: Definitions, is_kwargs_use, skip: int = 0)
     bound: dict[str, Argument] = {}
 
     def add(name: str, value, arg, kwargs=None) -> None:
+        name = _RENAMED.get(name, name)
         if name not in FSDP1_SIGNATURE:
             raise Unbindable(arg, f"`{name}` is not an FSDP1 argument")
         if name in bound:

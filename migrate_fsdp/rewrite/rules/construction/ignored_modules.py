@@ -19,6 +19,7 @@ from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconverti
 class Ignored:
     roots: cst.BaseExpression  # what the user passed
     states: bool  # ignored_states (parameters or modules), not ignored_modules
+    parameters: bool = False  # torch 2.0's ignored_parameters: parameters only
 
 
 class IgnoredModulesRule(KeywordRule):
@@ -32,7 +33,9 @@ class IgnoredModulesRule(KeywordRule):
             return
         if plan.ignored is not None:
             raise Unconvertible("FSDP1 rejects ignored_modules together with ignored_states; keep one")
-        plan.ignored = Ignored(argument.value, argument.name == "ignored_states")
+        keyword = argument.arg.keyword
+        parameters = keyword is not None and keyword.value == "ignored_parameters"
+        plan.ignored = Ignored(argument.value, argument.name == "ignored_states", parameters)
 
     def finish(self, plan) -> None:
         ignored = plan.ignored
@@ -54,7 +57,7 @@ class IgnoredModulesRule(KeywordRule):
         """The parameters FSDP1 ignored; from `modules` (the expanded set) when it is at hand."""
         if modules is not None and not ignored.states:
             return expression("{p for m in MODULES for p in m.parameters(recurse=False)}", MODULES=modules)
-        if ignored.states and self._parameters(ignored.roots):
+        if ignored.parameters or (ignored.states and self._parameters(ignored.roots)):
             return expression("set(ROOTS)", ROOTS=ignored.roots)
         if ignored.states:
             module = self.analysis.names.ref(anchor, "torch.nn.Module")
@@ -62,7 +65,6 @@ class IgnoredModulesRule(KeywordRule):
                 f"{{p for s in ROOTS for p in (s.parameters() if isinstance(s, {module}) else [s])}}", ROOTS=ignored.roots
             )
         return expression("{p for m in ROOTS for p in m.parameters()}", ROOTS=ignored.roots)
-
 
     def _parameters(self, node) -> bool:
         """`node` visibly holds parameters: `x.parameters()`, or list/tuple/set of it."""
