@@ -11,10 +11,16 @@ from migrate_fsdp.rewrite.context import FileContext
 from migrate_fsdp.rewrite.deep_stack import call_with_deep_stack, nesting_python_refuses
 from migrate_fsdp.rewrite.diagnostics import Diagnostic
 from migrate_fsdp.rewrite.dispatch import Dispatcher
+from migrate_fsdp.rewrite.helpers import helper_lines
 from migrate_fsdp.rewrite.imports import finish_module
 from migrate_fsdp.rewrite.layout import wrap_long_lines
 from migrate_fsdp.rewrite.names import may_use_fsdp1
-from migrate_fsdp.rewrite.selection import INTERNAL_ERROR, LEFTOVER, PARSE_ERROR, Selection
+from migrate_fsdp.rewrite.selection import (
+    INTERNAL_ERROR,
+    LEFTOVER,
+    PARSE_ERROR,
+    Selection,
+)
 
 
 @dataclass
@@ -141,7 +147,7 @@ def _rewrite_module(ctx: FileContext, module: cst.Module, data: bytes, selection
     finished, ctx.program.facts.dropped_imports = finish_module(
         new_module, ctx.imports, ctx.helpers, module, verdict.kept_imports if verdict is not None else frozenset()
     )
-    new_data = wrap_long_lines(finished, data.decode(module.encoding, errors="replace")).bytes
+    new_data = wrap_long_lines(finished, data.decode(module.encoding, errors="replace"), helper_lines()).bytes
     if new_data != data:
         cst.parse_module(new_data)  # never hand back code that does not parse
     return RewriteResult(path, data, new_data, diagnostics, module.encoding)

@@ -18,6 +18,7 @@ import sys
 import libcst as cst
 
 from migrate_fsdp.rewrite.names import FSDP_PACKAGE, is_fsdp1
+from migrate_fsdp.rewrite.rules.construction.codegen import conjunction, negated
 from migrate_fsdp.rewrite.syntax import chain_root, dotted, import_aliases, imported_modules, is_docstring, is_import_line
 
 
@@ -622,13 +623,19 @@ class _DropDeadBlocks(cst.CSTTransformer):
     """
 
     def leave_If(self, original, updated):
-        if _emptied(updated.orelse):
+        if _emptied(updated.orelse) or isinstance(updated.orelse, _Removed):  # the latter: a trailing `elif` that went
             updated = updated.with_changes(orelse=None)
-        elif isinstance(updated.orelse, cst.If) and _emptied(updated.orelse.body) and updated.orelse.orelse is None:
-            updated = updated.with_changes(orelse=None)  # a trailing `elif ...:` with nothing left
-        if _emptied(updated.body):
-            return _removed(updated) if updated.orelse is None else _with_pass(updated)
-        return updated
+        if not _emptied(updated.body):
+            return updated
+        if updated.orelse is None:
+            return _removed(updated)
+        if isinstance(updated.orelse, cst.Else):  # `if not test:` over the `else:` body
+            return updated.with_changes(test=negated(updated.test), body=updated.orelse.body, orelse=None)
+        rest = updated.orelse
+        if rest.orelse is None:  # `if not test and other:` for `if test: <nothing> elif other: ...`
+            return updated.with_changes(test=conjunction([negated(updated.test), rest.test]), body=rest.body, orelse=None)
+        inner = rest.with_changes(leading_lines=[])  # the rest of the chain under `if not test:`
+        return updated.with_changes(test=negated(updated.test), body=cst.IndentedBlock([inner]), orelse=None)
 
     def leave_For(self, original, updated):
         return self._loop(updated)

@@ -35,9 +35,10 @@ def line_length(source: str) -> int:
     return max(_BLACK, longest)
 
 
-def wrap_long_lines(module: cst.Module, original_source: str) -> cst.Module:
-    """`module` with each new one-line statement longer than the file's line length split at its brackets."""
-    kept = {line.strip() for line in original_source.splitlines()}
+def wrap_long_lines(module: cst.Module, original_source: str, verbatim: frozenset[str] = frozenset()) -> cst.Module:
+    """`module` with each new one-line statement longer than the file's line length split at its brackets; lines
+    in `verbatim` (stripped) are inserted as they are written elsewhere, and stay so."""
+    kept = {line.strip() for line in original_source.splitlines()} | verbatim
     return module.visit(_Wrapper(module, line_length(original_source), kept))
 
 
@@ -75,6 +76,8 @@ class _Wrapper(cst.CSTTransformer):
         """`node` split at its brackets, its opening bracket on a line indented by `level` past the statement's
         indentation `start`."""
         inner = level + _INDENT
+        if isinstance(node, cst.IfExp):
+            return self._split_conditional(node, start, level)
         items = _items(node)
         hugged = " ".join(self._code(item).strip() for item in items)
         if start + inner + len(hugged) <= self.limit and isinstance(node, cst.Call):
@@ -87,8 +90,35 @@ class _Wrapper(cst.CSTTransformer):
             split_items.append(item)
         return _laid_out(node, split_items, inner, level, one_a_line=True)
 
+    def _split_conditional(self, node: cst.IfExp, start: int, level: int) -> cst.IfExp:
+        """`a if t else b if u else c` in parentheses, a line for each part (black's ternary split), a part that is
+        still too long split in turn."""
+        inner = level + _INDENT
+
+        def part(value):
+            text = self._code(value).strip()
+            if start + inner + len("else ") + len(text) > self.limit and _splittable(value):
+                return self._split(value, start, inner)  # a conditional here has its own parentheses
+            return value
+
+        def laid_out(link):
+            orelse = link.orelse
+            orelse = laid_out(orelse) if isinstance(orelse, cst.IfExp) and not orelse.lpar else part(orelse)
+            return link.with_changes(
+                body=part(link.body),
+                orelse=orelse,
+                whitespace_before_if=_newline(inner),
+                whitespace_before_else=_newline(inner),
+            )
+
+        return laid_out(node).with_changes(
+            lpar=[cst.LeftParen(whitespace_after=_newline(inner))], rpar=[cst.RightParen(whitespace_before=_newline(level))]
+        )
+
 
 def _splittable(node) -> bool:
+    if isinstance(node, cst.IfExp):
+        return True
     if isinstance(node, cst.Call):
         args = node.args
         return bool(args) and not any(isinstance(a.value, cst.GeneratorExp) and not a.value.lpar for a in args)

@@ -63,3 +63,45 @@ def test_lines_the_file_had_and_lines_that_cannot_split_stay():
         total = sum(x for x in range(10_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000_0))
         """
     assert wrapped(original, rewritten) == textwrap.dedent(rewritten)  # a bare generator argument takes no comma
+
+
+def test_a_long_conditional_goes_in_parentheses_a_line_for_each_part():
+    original = """\
+        def build(model, cfg):
+            model = FSDP(model, mixed_precision=mp if cfg.bf16 else None, cpu_offload=offload)
+        """
+    rewritten = """\
+        def build(model, cfg):
+            offload_policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cfg.offload else OffloadPolicy()
+            fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if cfg.bf16 and cfg.pure else MixedPrecisionPolicy(param_dtype=torch.float16) if cfg.fp16 else MixedPrecisionPolicy(), offload_policy=offload_policy)
+        """
+    assert wrapped(original, rewritten) == textwrap.dedent(
+        """\
+        def build(model, cfg):
+            offload_policy = (
+                CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+                if cfg.offload
+                else OffloadPolicy()
+            )
+            fully_shard(
+                model,
+                mp_policy=(
+                    MixedPrecisionPolicy(
+                        param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16
+                    )
+                    if cfg.bf16 and cfg.pure
+                    else MixedPrecisionPolicy(param_dtype=torch.float16)
+                    if cfg.fp16
+                    else MixedPrecisionPolicy()
+                ),
+                offload_policy=offload_policy,
+            )
+        """
+    )
+
+
+def test_lines_written_verbatim_elsewhere_stay_as_they_are():
+    helper = "    excluded = (torch.nn.ModuleList, torch.nn.ModuleDict) if exclude_wrap_modules is None else tuple(exclude_wrap_modules)"
+    rewritten = f"def policy(exclude_wrap_modules):\n{helper}\n"
+    result = wrap_long_lines(cst.parse_module(rewritten), "", frozenset({helper.strip()})).code
+    assert result == rewritten

@@ -39,6 +39,13 @@ def helper_source(name: str) -> HelperSource:
     return HelperSource(tuple(imports), tuple(definitions))
 
 
+@cache
+def helper_lines() -> frozenset[str]:
+    """Every helper's lines, stripped: inserted as they are in their linted files, never laid out again."""
+    files = (path for path in resources.files(__package__).iterdir() if path.name.endswith(".py"))
+    return frozenset(line.strip() for path in files for line in path.read_text(encoding="utf-8").splitlines())
+
+
 class _Rename(cst.CSTTransformer):
     """Names bound by the helper's imports, renamed to what the file imports them as."""
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import Assignment
 
+from migrate_fsdp.rewrite.rules.construction.codegen import disjunction
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
 # FullyShardedDataParallel.__init__'s parameters, in order (torch 2.x).
@@ -59,15 +60,15 @@ class Definition:
 @dataclass(frozen=True, eq=False)
 class Fill:
     """`name["key"] = value` or one item of `name.update(key=value, ...)`, on a line of its own, in the dict's block or in
-    an `if` (no else) there (on its line or in its body)."""
+    a branch of an `if` / `elif` / `else` chain there (or on the line of an `if` without else)."""
 
     key: str
     value: cst.BaseExpression
     target: cst.Name  # the load of the dict's name
     statement: cst.SimpleStatementLine | cst.If  # the `if` itself for `if cond: name["key"] = value`
     block: cst.CSTNode  # the block holding the statement
-    guard: cst.If | None  # the `if` whose body holds it
-    otherwise: bool = False  # in the guard's `else:` body: it fills when the test is false
+    chain: cst.If | None  # the `if` statement in the dict's block whose branch holds it
+    path: tuple[tuple[cst.If, bool], ...] = ()  # the chain's `if`s down to that branch, and whether each test holds
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,14 +138,14 @@ class Definitions:
         target = _single_target(assign)
         if placed is None or target is None:
             return
-        statement, own_block, block, guard, otherwise = placed
+        statement, own_block, block, chain, path = placed
         if isinstance(target, cst.Name) and isinstance(statement, cst.SimpleStatementLine):
             self._by_target[id(target)] = (assign, statement)
             self._blocks[id(statement)] = own_block
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and len(target.slice) == 1:
             key = target.slice[0].slice
             if isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString):
-                fill = Fill(key.value.evaluated_value, assign.value, target.value, statement, block, guard, otherwise)
+                fill = Fill(key.value.evaluated_value, assign.value, target.value, statement, block, chain, path)
                 self._fills[id(target.value)] = (fill,)
 
     def note_update(self, call: cst.Call) -> None:
@@ -158,15 +159,15 @@ class Definitions:
         expression = self.ctx.stack[-2] if len(self.ctx.stack) > 1 else None
         if placed is None or not (isinstance(expression, cst.Expr) and expression.value is call):
             return
-        statement, _, block, guard, otherwise = placed
+        statement, _, block, chain, path = placed
         self._fills[id(func.value)] = tuple(
-            Fill(arg.keyword.value, arg.value, func.value, statement, block, guard, otherwise) for arg in call.args
+            Fill(arg.keyword.value, arg.value, func.value, statement, block, chain, path) for arg in call.args
         )
 
-    def _placement(self) -> tuple[cst.CSTNode, cst.CSTNode, cst.CSTNode, cst.If | None, bool] | None:
-        """(statement, its block, the block a fill there fills in, the `if` it is under, whether in its `else:`) for
-        the small statement being visited, when it is alone on its line: `x = v`, or `if cond: x = v` on one line
-        without else (then the statement and the guard are that `if`); an `if` with an `elif` is no guard."""
+    def _placement(self) -> tuple[cst.CSTNode, cst.CSTNode, cst.CSTNode, cst.If | None, tuple] | None:
+        """(statement, its block, the block a fill there fills in, the `if` chain it is under, the path down that chain)
+        for the small statement being visited, when it is alone on its line: `x = v`, or `if cond: x = v` on one line
+        without else (then the statement and the chain are that `if`)."""
         statement = self.ctx.statement()
         if isinstance(statement, cst.If):
             alone = isinstance(statement.body, cst.SimpleStatementSuite) and len(statement.body.body) == 1
@@ -178,13 +179,18 @@ class Definitions:
         index = next(i for i in range(len(stack) - 1, -1, -1) if stack[i] is statement)
         block = stack[index - 1]
         if isinstance(statement, cst.If):
-            return statement, block, block, statement, False
-        guard = stack[index - 2] if index >= 3 else None
-        if isinstance(guard, cst.If) and guard.body is block and not isinstance(guard.orelse, cst.If):
-            return statement, block, stack[index - 3], guard, False
-        if isinstance(guard, cst.Else) and index >= 4 and getattr(stack[index - 3], "orelse", None) is guard:
-            return statement, block, stack[index - 4], stack[index - 3], True
-        return statement, block, block, None, False
+            return statement, block, block, statement, ((statement, True),)
+        owner = stack[index - 2] if index >= 2 else None
+        if isinstance(owner, cst.If) and owner.body is block:
+            at, path = index - 2, [(owner, True)]
+        elif isinstance(owner, cst.Else) and index >= 3 and isinstance(stack[index - 3], cst.If) and stack[index - 3].orelse is owner:
+            at, path = index - 3, [(stack[index - 3], False)]
+        else:
+            return statement, block, block, None, ()
+        while at >= 1 and isinstance(stack[at - 1], cst.If) and stack[at - 1].orelse is stack[at]:  # an `elif`
+            at -= 1
+            path.insert(0, (stack[at], False))
+        return statement, block, stack[at - 1], stack[at], tuple(path)
 
     def singles(self) -> list[Definition]:
         """Every `name = value` that is the only assignment of its name in its scope."""
@@ -239,21 +245,22 @@ class Definitions:
         ):
             return None
         emptied = []
-        for guard in {id(fill.guard): fill.guard for fill in fills if fill.guard is not None}.values():
-            inside = {id(fill.statement) for fill in fills if fill.guard is guard}
-            if id(guard) in inside:  # `if test: kw["key"] = value` on one line
-                emptied.append(guard)
+        for chain in {id(fill.chain): fill.chain for fill in fills if fill.chain is not None}.values():
+            inside = {id(fill.statement) for fill in fills if fill.chain is chain}
+            if id(chain) in inside:  # `if test: kw["key"] = value` on one line
+                emptied.append(chain)
                 continue
-            bodies = [guard.body.body, guard.orelse.body.body if guard.orelse is not None else ()]
+            links = _links(chain)
+            bodies = [link.body.body for link in links]
+            if links[-1].orelse is not None:
+                bodies.append(links[-1].orelse.body.body)
             others = [[statement for statement in body if id(statement) not in inside] for body in bodies]
-            if not all(_keeps_test(statement, guard.test) for statement in [*others[0], *others[1]]):
+            tests = [link.test for link in links]
+            if not all(_keeps_test(statement, test) for body in others for statement in body for test in tests):
                 return None
-            if not others[0] and not others[1]:
-                emptied.append(guard)
-            elif not others[0]:  # `if test:` with nothing left: `if not test:` and the `else:` body
-                emptied.append(guard.body)
-            elif guard.orelse is not None and not others[1]:
-                emptied.append(guard.orelse)
+            if not any(others):
+                emptied.append(chain)
+            # Emptied branches of a chain with statements left go as dead blocks (imports.finish_module).
         return FilledDict(
             definition.target, definition.value, definition.statement, definition.assignment, tuple(fills), tuple(emptied)
         )
@@ -342,17 +349,23 @@ def _evaluable_twice(ctx, expression) -> bool:
 
 
 def _keeps_test(statement, test: cst.BaseExpression) -> bool:
-    """`statement`, beside fills in an `if test:`, runs through and leaves `test` as it was, so the call may read `test`
-    again to know whether the fills happened."""
+    """`statement`, beside fills in an `if test:`, leaves `test` as it was, so the call may read `test` again to know
+    whether the fills happened. It may also leave the path to the call (return, raise: a raise only where no `try` of
+    the statement can catch it), as a check of the settings does."""
     read = {
         dotted(node)
         for node, parents in walk(test)
         if isinstance(node, (cst.Name, cst.Attribute)) and not (parents and getattr(parents[-1], "attr", None) is node)
     } - {""}
+    catches = any(isinstance(node, cst.Try) for node, _ in walk(statement))
     for node, _ in walk(statement):
-        if isinstance(node, (cst.Return, cst.Raise, cst.Break, cst.Continue, cst.Global, cst.Nonlocal, cst.Del)):
+        if isinstance(node, (cst.Global, cst.Nonlocal, cst.Del)) or isinstance(node, cst.Raise) and catches:
             return False
-        if isinstance(node, cst.Assign):
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            targets = [node.name]
+        elif isinstance(node, (cst.For, cst.NamedExpr)):
+            targets = [node.target]
+        elif isinstance(node, cst.Assign):
             targets = [target.target for target in node.targets]
         elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
             targets = [node.target]
@@ -449,38 +462,68 @@ def _kwargs_definition(arg: cst.Arg, call, definitions: Definitions, is_kwargs_u
 def _filled_items(ctx, definition: Definition, arg: cst.Arg) -> list:
     """The dict's (key, value) pairs at the call: its literal, then each fill in order.
 
-    A fill under `if test:` gives `value if test else <what the key held before, or FSDP1's default>`.
+    Fills in the branches of an `if` / `elif` / `else` chain give `value if test else ...` down the chain, each branch
+    that does not fill the key keeping what it held before (or FSDP1's default).
     """
     items = dict(_dict_items(ctx, definition.value))
-    for fill in getattr(definition, "fills", ()):
-        if fill.guard is None:
+    fills = list(getattr(definition, "fills", ()))
+    while fills:
+        fill = fills.pop(0)
+        if fill.chain is None:
             items[fill.key] = fill.value
             continue
-        before = items.get(fill.key)
-        if fill.otherwise:  # `else:` of the `if` that may have filled the key just before
-            if before is None and fill.key not in _DEFAULTS:
-                raise Unbindable(arg, f"`{fill.key}` is set only under `else:`; write both cases in one item")
-            if before is None:
-                before = cst.Name(_DEFAULTS[fill.key])
-            if isinstance(before, cst.IfExp) and before.test is fill.guard.test:
-                items[fill.key] = before.with_changes(orelse=fill.value)
-            else:
-                items[fill.key] = cst.IfExp(test=fill.guard.test, body=before, orelse=fill.value)
-            continue
-        if before is None and fill.key == "backward_prefetch" and ctx.matches(fill.value, _BACKWARD_PRE):
-            items[fill.key] = fill.value  # FSDP1's default: the item holds BACKWARD_PRE either way
-            continue
-        if before is None:
-            if fill.key not in _DEFAULTS:
-                test = ctx.code(fill.guard.test)
-                raise Unbindable(
-                    arg,
-                    f"`{fill.key}` is set only under `if {test}:`; write both cases in one item "
-                    f"(`{fill.key}=... if {test} else BackwardPrefetch.BACKWARD_PRE`)",
-                )
-            before = cst.Name(_DEFAULTS[fill.key])
-        items[fill.key] = cst.IfExp(test=fill.guard.test, body=fill.value, orelse=before)
+        group = [fill]
+        while fills and fills[0].chain is fill.chain:
+            group.append(fills.pop(0))
+        for key in dict.fromkeys(item.key for item in group):
+            items[key] = _chain_value(ctx, arg, fill.chain, [item for item in group if item.key == key], items.get(key))
     return list(items.items())
+
+
+def _chain_value(ctx, arg: cst.Arg, chain: cst.If, fills: list[Fill], before):
+    """What one key holds after an `if` chain whose branches `fills` fill (in order: the last in a branch wins)."""
+    key = fills[0].key
+    by_branch = {(id(fill.path[-1][0]), fill.path[-1][1]): fill.value for fill in fills}
+    links = _links(chain)
+    if before is None and key == "backward_prefetch" and all(ctx.matches(fill.value, _BACKWARD_PRE) for fill in fills):
+        return fills[-1].value  # FSDP1's default: the item holds BACKWARD_PRE either way
+    everywhere = len(by_branch) == len(links) + 1 and links[-1].orelse is not None
+    if before is None and not everywhere:
+        if key not in _DEFAULTS:
+            test = ctx.code(fills[0].path[-1][0].test)
+            raise Unbindable(
+                arg,
+                f"`{key}` is set only under `if {test}:`; write both cases in one item "
+                f"(`{key}=... if {test} else BackwardPrefetch.BACKWARD_PRE`)",
+            )
+        before = cst.Name(_DEFAULTS[key])
+    branches: list[tuple[list, cst.BaseExpression]] = []  # neighbouring branches giving the same value ask once
+    for link in links:
+        body = by_branch.get((id(link), True), before)
+        if branches and branches[-1][1] is body:
+            branches[-1][0].append(link.test)
+        else:
+            branches.append(([link.test], body))
+    value = by_branch.get((id(links[-1]), False), before)
+    for tests, body in reversed(branches):
+        if body is not value:  # tests whose branches leave the key as the rest of the chain does are not asked
+            value = cst.IfExp(test=disjunction(tests), body=_enclosed(body), orelse=_enclosed(value, (cst.NamedExpr,)))
+    return value
+
+
+def _enclosed(node, loose=(cst.IfExp, cst.Lambda, cst.NamedExpr)):
+    """`node` in parentheses where, as part of a conditional expression or an `or`, it would read differently."""
+    if isinstance(node, loose) and not node.lpar:
+        return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return node
+
+
+def _links(chain: cst.If) -> list[cst.If]:
+    """The `if` and its `elif`s."""
+    links = [chain]
+    while isinstance(links[-1].orelse, cst.If):
+        links.append(links[-1].orelse)
+    return links
 
 
 def _dict_items(ctx, value: cst.BaseExpression) -> list | None:

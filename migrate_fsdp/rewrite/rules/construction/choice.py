@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.rules.construction.codegen import disjunction
+
 _NEEDS_PARENS = (cst.IfExp, cst.Lambda, cst.NamedExpr)
 
 
@@ -70,6 +72,9 @@ def _expression(tree, fallback) -> cst.BaseExpression:
     then, orelse = _expression(tree.then, fallback), _expression(tree.orelse, fallback)
     if _code(then) == _code(orelse):
         return then
+    if isinstance(orelse, cst.IfExp) and not orelse.lpar and _code(orelse.body) == _code(then):
+        # `A if t else A if u else B`: `A if t or u else B`
+        return cst.IfExp(test=disjunction([tree.test, orelse.test]), body=then, orelse=orelse.orelse)
     if isinstance(then, _NEEDS_PARENS) and not then.lpar:
         then = then.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     if tree.node is not None:

@@ -162,6 +162,49 @@ def string(text: str) -> cst.SimpleString:
     return cst.SimpleString(json.dumps(text))
 
 
+# Comparisons whose negation is another operator whatever the operands (not the orderings: NaN).
+_NEGATED = {cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal, cst.In: cst.NotIn, cst.NotIn: cst.In, cst.Is: cst.IsNot, cst.IsNot: cst.Is}
+
+
+def negated(test: cst.BaseExpression) -> cst.BaseExpression:
+    """`not test` as a person writes it: `a != b` for `a == b`, `x` for `not x`."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not) and not test.lpar:
+        return test.expression.with_changes(lpar=[], rpar=[]) if isinstance(test.expression, cst.Comparison) else test.expression
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and type(test.comparisons[0].operator) in _NEGATED:
+        target = test.comparisons[0]
+        operator = _NEGATED[type(target.operator)]()
+        if isinstance(operator, (cst.NotIn, cst.IsNot)):
+            operator = operator.with_changes(whitespace_before=target.operator.whitespace_before)
+        return test.with_changes(comparisons=[target.with_changes(operator=operator)], lpar=[], rpar=[])
+    return expression("not TEST", TEST=test)
+
+
+def conjunction(tests: list) -> cst.BaseExpression:
+    """`a and b and ...`."""
+    return _joined(tests, cst.And)
+
+
+def disjunction(tests: list) -> cst.BaseExpression:
+    """`a or b or ...`."""
+    return _joined(tests, cst.Or)
+
+
+def _joined(tests: list, operator) -> cst.BaseExpression:
+    joined = _operand(tests[0], operator)
+    for test in tests[1:]:
+        joined = cst.BooleanOperation(left=joined, operator=operator(), right=_operand(test, operator))
+    return joined
+
+
+def _operand(node, operator):
+    """`node` in parentheses where, as an operand of `operator`, it would read differently (a conditional, `a or b`
+    under `and`)."""
+    loose = isinstance(node, (cst.IfExp, cst.Lambda, cst.NamedExpr)) or (
+        operator is cst.And and isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.Or)
+    )
+    return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if loose and not node.lpar else node
+
+
 def is_reevaluable(node) -> bool:
     """A name or attribute chain: evaluating it again gives the same object without side effects."""
     while isinstance(node, cst.Attribute):

@@ -19,7 +19,7 @@ from migrate_fsdp.rewrite.rule import FSDP2_MODELS, Rule
 from migrate_fsdp.rewrite.rules.construction.analysis import Analysis
 from migrate_fsdp.rewrite.rules.construction.arguments import Unbindable, bind
 from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import AutoWrapPolicyRule
-from migrate_fsdp.rewrite.rules.construction.codegen import expression, is_reevaluable, statements
+from migrate_fsdp.rewrite.rules.construction.codegen import is_reevaluable, statements
 from migrate_fsdp.rewrite.rules.construction.cpu_offload import CpuOffloadRule
 from migrate_fsdp.rewrite.rules.construction.emit import Emitter, needs_after, needs_module_again
 from migrate_fsdp.rewrite.rules.construction.forward_prefetch import ForwardPrefetchRule
@@ -388,11 +388,7 @@ class WrapCall(Rule):
     def leave_If(self, original, updated):
         if id(original) in self._removed:  # an `if` that only filled a removed kwargs dict
             self._dropped[id(updated)] = updated
-        elif original.orelse is not None and id(original.orelse) in self._removed:  # an `else:` that only filled it
-            updated = updated.with_changes(orelse=None)
-        elif id(original.body) in self._removed:  # a body that only filled it: the `else:` body under `if not test:`
-            negated = expression("not TEST", TEST=updated.test)
-            updated = updated.with_changes(test=negated, body=updated.orelse.body, orelse=None)
+        # Branches that only filled it are left empty, and go as dead blocks (imports.finish_module).
         return updated
 
     def leave_IndentedBlock(self, original, updated):
