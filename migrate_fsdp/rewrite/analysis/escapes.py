@@ -36,6 +36,7 @@ class Remote:
     function: str  # qualified name, as the caller imports it (`pkg.loop.train`)
     index: int | None
     keyword: str | None
+    result_in_sight: bool = True  # what the call returns stays in sight (`unwrap(model).config`), if it is the model
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Reach:
 
     callees: frozenset = frozenset()
     remotes: frozenset = frozenset()
+    returns: bool = False  # the function may hand the model back (`return model`, `return m.module if ... else m`)
+    state_reads: frozenset = frozenset()  # positions of the model's `state_dict()` / `load_state_dict()` calls
 
     def __bool__(self) -> bool:
         return bool(self.callees or self.remotes)
@@ -73,12 +76,17 @@ def escapes(ctx, call: cst.Call, stack) -> Reach | None:
         return None  # a module-level model can be imported by any file
     callees: set[str] = set()
     remotes: set[Remote] = set()
+    state_reads: list = []
     makes_models = ctx.matches(call.func, "functools.partial")  # a factory: each call of it builds a model
     try:
-        _follow(ctx, function, target, callees, seen=set(), remotes=remotes, makes_models=makes_models)
+        _follow(ctx, function, target, callees, seen=set(), remotes=remotes, makes_models=makes_models, state_reads=state_reads)
     except Escape:
         return None
-    return Reach(frozenset(callees), frozenset(remotes))
+    return Reach(frozenset(callees), frozenset(remotes), state_reads=_positions(ctx, state_reads))
+
+
+def _positions(ctx, nodes) -> frozenset:
+    return frozenset(ctx.position(node) for node in nodes)
 
 
 def parameter_reach(ctx, function: cst.FunctionDef, index: int | None, keyword: str | None) -> Reach | None:
@@ -87,16 +95,30 @@ def parameter_reach(ctx, function: cst.FunctionDef, index: int | None, keyword: 
     if parameter is None:
         return None
     callees: set[str] = {function.name.value}
+    returned: list = []
+    state_reads: list = []
     try:
-        _follow(ctx, function, parameter, callees, seen=set(), remotes=None)
+        _follow(ctx, function, parameter, callees, seen=set(), remotes=None, returned=returned, state_reads=state_reads)
     except Escape:
         return None
-    return Reach(frozenset(callees))
+    return Reach(frozenset(callees), returns=bool(returned), state_reads=_positions(ctx, state_reads))
 
 
-def _follow(ctx, function: cst.FunctionDef, name: cst.Name, callees: set[str], seen: set[int], remotes, makes_models=False) -> None:
+def _follow(
+    ctx,
+    function: cst.FunctionDef,
+    name: cst.Name,
+    callees: set[str],
+    seen: set[int],
+    remotes,
+    makes_models=False,
+    returned=None,
+    state_reads=None,
+) -> None:
     """Every read of `name` (bound in `function`) in that function keeps the model in sight, or raises Escape.
-    `makes_models`: `name` is a `functools.partial(FSDP, ...)` factory, and so are the models its calls make."""
+    `makes_models`: `name` is a `functools.partial(FSDP, ...)` factory, and so are the models its calls make.
+    `returned`: `name` is a parameter, which the function may hand back to its caller (noted there); None: a
+    model returned escapes. `state_reads`: where the model's state dict is read or loaded are noted there."""
     assignment = next(
         (a for a in assignments_of(ctx.scope(name), name.value) if a.node is name or getattr(a.node, "name", None) is name),
         None,
@@ -112,15 +134,19 @@ def _follow(ctx, function: cst.FunctionDef, name: cst.Name, callees: set[str], s
             continue
         if index < bound and not any(id(n) in loops for n in ancestors):
             continue  # read before the binding, and not again after it in a loop: an earlier value (scopes ignore order)
-        _read(ctx, node, ancestors, callees, seen, remotes, function if makes_models else None)
+        _read(ctx, node, ancestors, callees, seen, remotes, function if makes_models else None, returned, state_reads)
 
 
-def _read(ctx, name: cst.Name, ancestors, callees: set[str], seen: set[int], remotes, factory_in=None) -> None:
+def _read(
+    ctx, name: cst.CSTNode, ancestors, callees: set[str], seen: set[int], remotes, factory_in=None, returned=None, state_reads=None
+) -> None:
     """This read of the model keeps it in sight (`model(x)`, `model.parameters()`, a function of this file), or
     raises Escape. `remotes`: where calls into other modules are collected; None: such a call is out of sight.
     `factory_in`: the function where `name` is a factory; the model each of its calls makes is followed there."""
     parent = ancestors[-1] if ancestors else None
     if isinstance(parent, cst.Attribute) and parent.value is name:
+        if state_reads is not None and parent.attr.value in ("state_dict", "load_state_dict"):
+            state_reads.append(parent)
         return
     if isinstance(parent, cst.Call) and parent.func is name:
         if factory_in is not None:
@@ -134,19 +160,41 @@ def _read(ctx, name: cst.Name, ancestors, callees: set[str], seen: set[int], rem
         if binding is None:
             raise Escape
         callee = _local_function(ctx, call.func)
+        result = (call, ancestors[:-2])  # where the call's value goes: the model itself, if the callee hands it back
         if callee is None and remotes is not None and factory_in is None:
-            remotes.add(Remote(_remote_name(ctx, call), *binding))
+            in_sight = _in_sight(ctx, *result, callees, seen, remotes, returned, state_reads)
+            remotes.add(Remote(_remote_name(ctx, call), *binding, in_sight))
             return
         parameter = _parameter(callee, *binding) if callee is not None else None
         if parameter is None:
             raise Escape
         callees.add(callee.name.value)
+        handed_back: list = [True]  # followed before: as if it may hand the model back
         if id(parameter) not in seen:
             seen.add(id(parameter))
-            _follow(ctx, callee, parameter, callees, seen, remotes, makes_models=factory_in is not None)
+            handed_back = []
+            makes_models = factory_in is not None
+            _follow(ctx, callee, parameter, callees, seen, remotes, makes_models, handed_back, state_reads)
+        if handed_back and factory_in is None:
+            _read(ctx, *result, callees, seen, remotes, None, returned, state_reads)
         return
-    if not isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.If, cst.BooleanOperation, cst.UnaryOperation)):
+    if isinstance(parent, cst.Return) and returned is not None:
+        returned.append(parent)  # handed back: the caller follows what it does with the call's value
+        return
+    if isinstance(parent, cst.IfExp) and parent.test is not name:  # `m.module if isinstance(m, FSDP) else m`
+        _read(ctx, parent, ancestors[:-1], callees, seen, remotes, factory_in, returned, state_reads)
+        return
+    if not isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.If, cst.BooleanOperation, cst.UnaryOperation, cst.Expr)):
         raise Escape
+
+
+def _in_sight(ctx, call, ancestors, callees: set[str], seen: set[int], remotes, returned, state_reads) -> bool:
+    """What `call` returns, were it the model, would stay in sight."""
+    try:
+        _read(ctx, call, ancestors, callees, seen, remotes, None, returned, state_reads)
+    except Escape:
+        return False
+    return True
 
 
 def _made(ctx, function: cst.FunctionDef, call: cst.Call, ancestors, callees: set[str], seen: set[int], remotes) -> None:

@@ -54,6 +54,7 @@ class Use:
     handed_in: bool = True  # its model may be a parameter of that function (else the function finds it itself)
     unsure: bool = False  # shaped like FSDP1's method on a receiver nothing is known of (`model.no_sync()`)
     sites: frozenset = frozenset()  # (path, Position) of every constructor of the program reaching it (decide fills it)
+    lasting: bool = False  # a state-dict type set on the model for good (`FSDP.set_state_dict_type`)
 
 
 @dataclass
@@ -64,6 +65,7 @@ class FileFacts:
     escaping: set = field(default_factory=set)  # constructors whose model may reach code out of the file's sight
     callees: dict = field(default_factory=dict)  # constructor Position -> functions of the file it is handed to
     remotes: dict = field(default_factory=dict)  # constructor Position -> calls handing it to other modules (escapes.Remote)
+    state_reads: dict = field(default_factory=dict)  # constructor Position -> Positions of its model's state-dict calls here
     declared: Counter | None = None  # function name -> occurrences that are not uses (reachability.py); None: not parsed
     uses: dict = field(default_factory=dict)  # (Position, code) -> Use
     staying: dict = field(default_factory=dict)  # (Position, code) -> Use a rule could not convert: it stays FSDP1
@@ -139,7 +141,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             for key, use in file.staying_with_own_groups.items():
                 file.staying[key] = use
                 file.uses.pop(key, None)
-    _tie_handed_on(facts, remote_calls)
+    unseen_reads = _tie_handed_on(facts, remote_calls)
     adopted = _adopt_unsure_receivers(facts, sources or {})
     for file in facts:
         for use in file.uses.values():
@@ -153,6 +155,12 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         for use in file.staying.values():
             for site in use.sites:
                 held.setdefault(site, f"{use.code} in {file.path}")
+    for site, path in unseen_reads.items():
+        held.setdefault(site, f"its state dict read in {path}")
+    unfollowed = _settings_read_out_of_sight(facts)
+    for (path, _), (sites, _) in unfollowed.items():
+        for site in sites:
+            held.setdefault(site, f"MF202 in {path}")
     loose = {u.function for f in facts for u in (*f.uses.values(), *f.staying.values()) if u.untied and not u.sites}
     dead = unnamed(loose, {f.path: f.declared for f in facts}, sources) if sources else set()
 
@@ -201,6 +209,9 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
                 verdict.blocked[position] = f"stays FSDP1 with the FSDP(...) in {where(blocker)}, which shares its uses"
         for key, use in file.uses.items():
             if key in file.staying:  # the rule refused it: its own report says why, the models it holds point to it
+                continue
+            if (file.path, key) in unfollowed:
+                verdict.denied[key] = Denial(KEPT_FSDP1, unfollowed[(file.path, key)][1])
                 continue
             # A constructor that cannot convert first: the cause, rather than one it holds back.
             blockers = sorted((b for b in (cause.get(find(site)) for site in use.sites) if b is not None), key=lambda b: (b not in kept, b))
@@ -275,9 +286,53 @@ def _convert_settings(facts: list[FileFacts], verdicts: dict[str, Verdict], flow
         verdicts[path].settings.add(position)
 
 
-def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> None:
+# Uses that read the state-dict type set on their model: its state dict, its optimizer's.
+_READS_STATE_DICT_TYPE = ("MF202", "MF203")
+
+
+def _settings_read_out_of_sight(facts: list[FileFacts]) -> dict:
+    """`FSDP.set_state_dict_type(model, ...)` uses whose setting a state dict of the model is read under out of its
+    function (a helper it is handed to, or code out of the program's sight): (path, key) -> (their sites, why).
+
+    The rewrite gives each call the setting in force where it stands; a helper reading the model's state dict
+    elsewhere would get FSDP1's default instead, so the model stays FSDP1 with the setting."""
+    escaping = {(f.path, p) for f in facts for p in f.escaping}
+    readers = [(f.path, u) for f in facts for u in f.uses.values() if u.code in _READS_STATE_DICT_TYPE and not u.lasting]
+    found = {}
+    for file in facts:
+        for key, use in file.uses.items():
+            if not use.lasting:
+                continue
+            away = next(
+                (
+                    f"{reader.function or 'module level'} ({path})"
+                    for path, reader in readers
+                    if reader.sites & use.sites and (path, reader.function) != (file.path, use.function)
+                ),
+                None,
+            )
+            if away is not None:
+                found[(file.path, key)] = (use.sites, f"the model's state dict is also read in {away}, where this setting would be lost")
+            elif use.sites & escaping:
+                found[(file.path, key)] = (use.sites, "the model reaches code out of the program's sight, where the setting would be lost")
+    return found
+
+
+def _all_seen(file: FileFacts | None, positions) -> bool:
+    """A rule took each state-dict call at `positions` of `file` for an FSDP1 model's (it converts or stays)."""
+    if not positions:
+        return True
+    known = {key for key in (*file.uses, *file.staying) if key[1] == "MF202"} if file is not None else set()
+    return all((position, "MF202") in known for position in positions)
+
+
+def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> dict:
     """Every use's `sites`: the constructors of its file whose model reaches it, and those handing their model
-    to the function holding it, in the same file or from another module (whose call escapes otherwise)."""
+    to the function holding it, in the same file or from another module (whose call escapes otherwise).
+
+    Returns the constructors whose model has its state dict read in another module where no rule took it for an
+    FSDP1 model's (a module naming no FSDP, a parameter of unknown origin): site -> that module. FSDP1 gave a full
+    state dict there, FSDP2 would give shards."""
     by_path = {f.path: f for f in facts}
     for file in facts:
         for table in (file.uses, file.staying):
@@ -291,7 +346,11 @@ def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> None:
                 if use.function in functions:
                     table[key] = replace(use, sites=use.sites | {site})
 
+    unseen = {}
     for file in facts:
+        for position, reads in file.state_reads.items():
+            if not _all_seen(file, reads):
+                unseen[(file.path, position)] = file.path
         for position, callees in file.callees.items():
             tie(file.path, callees, (file.path, position))
         for position, remotes in file.remotes.items():
@@ -301,6 +360,9 @@ def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> None:
                 continue
             for path, reach in reached:
                 tie(path, reach.callees, (file.path, position))
+                if not _all_seen(by_path.get(path), reach.state_reads):
+                    unseen[(file.path, position)] = path
+    return unseen
 
 
 class Gate:
@@ -334,6 +396,8 @@ class Gate:
                 self.facts.escaping.add(position)
             elif reach.callees:
                 self.facts.callees[position] = reach.callees
+            if reach is not None and reach.state_reads:
+                self.facts.state_reads[position] = reach.state_reads
             if reach and reach.remotes:
                 self.facts.remotes[position] = reach.remotes
         if not converts or self.verdict is None:
@@ -418,8 +482,9 @@ class Gate:
                 fsdp2 = fsdp2 or origins.fsdp2
         return ties, untied, fsdp2
 
-    def use(self, node, code: str, stack) -> Denial | None:
-        """Why the FSDP1 use `node` (original, at `stack`) must not become FSDP2 code, if it must not."""
+    def use(self, node, code: str, stack, lasting: bool = False) -> Denial | None:
+        """Why the FSDP1 use `node` (original, at `stack`) must not become FSDP2 code, if it must not. `lasting`: a
+        state-dict type it sets stays on the model after it (the program checks no state dict is read out of sight)."""
         ctx = self.ctx
         if ctx.dual_versions.holds(stack):
             return Denial(DUAL_VERSION, "already serves FSDP1 and FSDP2; left as is")
@@ -431,7 +496,9 @@ class Gate:
                 return Denial(None, "an FSDP2 module's own method: nothing of FSDP1 to convert")
             return None  # FSDP1 API called on an FSDP2 module: its FSDP2 form is what works
         key = (ctx.position(node), code)
-        self.facts.uses[key] = Use(code, frozenset(ties), untied or not ties, _function(stack), _handed_in(node, stack))
+        self.facts.uses[key] = Use(
+            code, frozenset(ties), untied or not ties, _function(stack), _handed_in(node, stack), lasting=lasting
+        )
         return self.verdict.denied.get(key) if self.verdict is not None else None
 
 

@@ -44,7 +44,9 @@ class RemoteCalls:
             except Exception:  # a file our analysis cannot read (a bug of ours): the callee is out of sight, safely
                 self._reached[key] = None
         reach = self._reached[key]
-        return None if reach is None else (path, reach)
+        if reach is None or (reach.returns and not remote.result_in_sight):
+            return None
+        return path, reach
 
     def _resolve(self, caller: str, qualified: str) -> tuple[str, str] | None:
         module, _, name = qualified.rpartition(".")

@@ -114,6 +114,8 @@ class Context:
     failure: str | None = None
     uses: list = field(default_factory=list)  # calls converted with these settings
     config_names: list = field(default_factory=list)  # Name nodes of config arguments
+    handed_on: bool = False  # the model is handed to a function while the setting applies (the program follows it)
+    wrapped_here: bool = False  # the model is a name this function wrapped: where it goes, the program follows
 
     @property
     def converted(self) -> bool:
@@ -158,7 +160,8 @@ class StateDictPlan:
             if not wrap_selected:
                 context.failure = "MF101 (wrap-call) is not selected, so the models stay FSDP1"
             elif context.failure is None:
-                denial = self.ctx.program.use(call, "MF202", stack)
+                lasting = context.handed_on or self._fsdp_method(call.func) == "set_state_dict_type"
+                denial = self.ctx.program.use(call, "MF202", stack, lasting=lasting)
                 context.failure = denial.message if denial is not None else None
             self.contexts.append(context)
             self._context_of[id(call)] = context
@@ -173,6 +176,8 @@ class StateDictPlan:
             context.failure = "arguments not understood"
             return context
         context.model = dotted(bound["module"].value)
+        module = bound["module"].value
+        context.wrapped_here = isinstance(module, cst.Name) and fsdp_models(self.ctx).wrapped_here(module, stack)
         for name in ("state_dict_config", "optim_state_dict_config"):
             if name in bound and isinstance(bound[name].value, cst.Name) and bound[name].value.value != "None":
                 context.config_names.append(bound[name].value)
@@ -395,6 +400,9 @@ class StateDictPlan:
                 return "another state-dict type is set on the same model inside it"
             if self._reads_only(outer):
                 return None
+        if context.wrapped_here and _handed_to_function(parent, parents):
+            context.handed_on = True
+            return None
         return f"`{context.model}` is used where the state-dict setting may apply out of sight ({self._describe(node, parents)})"
 
     def _set_context_escape(self, context, stack) -> str | None:
@@ -414,6 +422,9 @@ class StateDictPlan:
             if isinstance(parent, cst.Call) and parent.func is access_node:
                 continue
             if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.Arg) and self._reads_only(parents[-2])):
+                continue
+            if context.wrapped_here and _handed_to_function(parent, parents):
+                context.handed_on = True
                 continue
             return f"`{node.value}` is handed to other code ({self._describe(access_node, parents)}), where the setting would still apply"
         return None
@@ -609,3 +620,9 @@ def _commas(args: list) -> list:
     if args:
         result.append(args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT))
     return result
+
+
+def _handed_to_function(parent, parents) -> bool:
+    """The model is an argument of `function(...)`: the program follows it there (analysis/escapes.py), and keeps
+    the setting, and the model, FSDP1 if a state dict of it is read there (analysis/program.py)."""
+    return isinstance(parent, cst.Arg) and isinstance(parents[-2], cst.Call) and isinstance(parents[-2].func, cst.Name)
