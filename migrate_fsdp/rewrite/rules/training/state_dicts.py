@@ -337,7 +337,7 @@ class StateDictPlan:
     def _check_region(self, context, region, method, stack, optim_rule_selected) -> str | None:
         """Collect the calls the context governs; the first use that keeps it from being removed, if any."""
         problems = []
-        if method == "set_state_dict_type" and region:
+        if method == "set_state_dict_type":  # its setting outlives the statement, with or without uses after it here
             problems.append(self._set_context_escape(context, stack))
         holders = _holders(context.model)
         chain = holders | {context.model}  # `trainer` inside `trainer.model` is the model, not its holder
