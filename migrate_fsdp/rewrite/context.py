@@ -123,7 +123,8 @@ class FileContext:
     def can_insert_statements(self) -> bool:
         """True when statements can go right before/after the current statement.
 
-        That is the case for a statement that sits in a block; not for a
+        That is the case for a statement that sits in a block (and for the
+        iterable of a `for` that does); not for a
         clause (`else:`) or a one-line suite (`if x: y = f()`), where the
         innermost statement is the compound one, nor inside a lambda, a
         comprehension or a conditional expression: code inserted beside the
@@ -133,6 +134,8 @@ class FileContext:
             node = self.stack[index]
             if isinstance(node, cst.SimpleStatementLine):
                 return isinstance(self.stack[index - 1], _BODY_TYPES)
+            if isinstance(node, cst.For) and index + 1 < len(self.stack) and self.stack[index + 1] is node.iter:
+                return isinstance(self.stack[index - 1], _BODY_TYPES)  # a loop's iterable: evaluated once, before it
             if isinstance(node, (*_STATEMENT_TYPES, *_DEFERRED_TYPES)):
                 return False
         return False

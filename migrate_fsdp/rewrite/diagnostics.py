@@ -45,6 +45,7 @@ TODO_REASONS = {
     "MF211": "FSDP1 internal left as is",
     "MF212": "FSDP1 name prefix left as is",
     "MF213": "checkpointing after FSDP1 wrapping",
+    "MF214": "parameters changed under no_grad",
     "MF900": "FSDP1 API with no automatic rewrite",
 }
 

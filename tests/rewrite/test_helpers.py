@@ -26,7 +26,14 @@ def helper(name):
 
 def test_the_rewrite_uses_every_helper_file():
     from migrate_fsdp.rewrite.rules.construction import auto_wrap_policy, forward_prefetch, mesh, mixed_precision, settings_where_defined
-    from migrate_fsdp.rewrite.rules.training import clip_grad_norm, fsdp_modules, no_sync, optim_state_dict, state_dicts
+    from migrate_fsdp.rewrite.rules.training import (
+        clip_grad_norm,
+        fsdp_modules,
+        no_sync,
+        optim_state_dict,
+        parameters_after_forward,
+        state_dicts,
+    )
 
     used = {
         auto_wrap_policy.TARGETS_HELPER,
@@ -45,6 +52,7 @@ def test_the_rewrite_uses_every_helper_file():
         optim_state_dict.LATER_HELPER,
         optim_state_dict.UNSHARED_HELPER,
         state_dicts.GATHER_HELPER_NAME,
+        parameters_after_forward.HELPER_NAME,
     }
     assert used == set(NAMES)
 

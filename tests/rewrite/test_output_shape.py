@@ -92,19 +92,24 @@ def test_a_loop_or_branch_left_empty_goes_whole_its_comments_stay():
         from torch.distributed.fsdp import StateDictType
 
 
-        def save(models, model, full):
-            for each in models:
-                FSDP.set_state_dict_type(each, StateDictType.FULL_STATE_DICT)
+        def train(module, full, steps):
+            model = FSDP(module)
+            for _ in range(steps):
+                FSDP.set_state_dict_type(model, StateDictType.FULL_STATE_DICT)
             if full:
                 # the full one
                 FSDP.set_state_dict_type(model, StateDictType.FULL_STATE_DICT)
-            print("saving")
+            print("training", model)
         """
     ) == textwrap.dedent(
         """\
-        def save(models, model, full):
+        from torch.distributed.fsdp import fully_shard
+
+
+        def train(module, full, steps):
+            model = fully_shard(module)
             # the full one
-            print("saving")
+            print("training", model)
         """
     )
 

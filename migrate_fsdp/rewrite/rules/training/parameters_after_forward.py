@@ -1,0 +1,89 @@
+"""MF214: an FSDP model's parameters read under no_grad (an EMA update, a teacher) get `fsdp2_reshard(model)` first.
+
+FSDP1 put every module back on its sharded parameters after each forward
+(`_post_forward_reshard` -> `handle.reshard`, even for the root and for
+SHARD_GRAD_OP). FSDP2 does not reshard the root after forward, nor modules
+sharded with reshard_after_forward=False, until a backward runs
+(_fsdp_state.py, "For the root, do not reshard after forward"). A model that
+only runs under no_grad never runs one, so its `parameters()` are the
+unsharded plain tensors: the usual EMA update
+`for ps, pt in zip(student.parameters(), teacher.parameters()): pt.mul_(m).add_(ps)`
+fails mixing Tensor and DTensor, or, where both sides are unsharded, writes
+into buffers the next reshard drops. Before a statement under `torch.no_grad()`
+(or `inference_mode`, as a block or a decorator) that reads an FSDP model's
+parameters, the rewrite reshards that model, as FSDP1 had.
+
+Nothing of FSDP1 is named here: where the model stays FSDP1 the statement
+stays as it is, unreported.
+"""
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.rules.training.base import TrainingRule
+from migrate_fsdp.rewrite.syntax import dotted, walk
+
+HELPER_NAME = "fsdp2_reshard"
+_NO_GRAD = ("torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode")
+_READS = ("parameters", "named_parameters")
+
+
+class ParametersAfterForward(TrainingRule):
+    code = "MF214"
+    name = "parameters-after-forward"
+    summary = "an FSDP model's parameters read under no_grad: fsdp2_reshard(model) first (FSDP1 resharded after forward)"
+
+    def leave_Call(self, original: cst.Call, updated):
+        func = original.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value in _READS and not self.fsdp_method(func)):
+            return updated
+        model = func.value
+        stack = tuple(self.ctx.stack)
+        if not self._under_no_grad() or not self.ctx.can_insert_statements() or not _updates_in_place(self.ctx.statement()):
+            return updated
+        known = self.models.is_fsdp_model(model) or self.models.holder_origins(model, stack) is not None
+        if not known and not (_parameter_of_function(model, stack) and self.ctx.program.may_build_fsdp1()):
+            return updated
+        if self.ctx.program.use(original, self.code, stack) is not None:
+            return updated  # the model stays FSDP1 (or may be FSDP2 already): nothing changes here
+        done = self.ctx.facts.setdefault(self.code, set())
+        key = (id(self.ctx.statement()), dotted(model) or self.ctx.code(model))
+        if key not in done:
+            done.add(key)
+            helper = self.ctx.add_helper(HELPER_NAME)
+            current = updated.func.value if isinstance(updated.func, cst.Attribute) else model
+            call = cst.Call(func=cst.Name(helper), args=[cst.Arg(current)])
+            self.ctx.insert_before([cst.SimpleStatementLine([cst.Expr(call)])])
+        return updated
+
+    def _under_no_grad(self) -> bool:
+        for node in self.ctx.stack:
+            if isinstance(node, cst.With) and any(self._no_grad(item.item) for item in node.items):
+                return True
+            if isinstance(node, cst.FunctionDef) and any(self._no_grad(d.decorator) for d in node.decorators):
+                return True
+        return False
+
+    def _no_grad(self, expression) -> bool:
+        target = expression.func if isinstance(expression, cst.Call) else expression
+        return self.ctx.matches(target, *_NO_GRAD)
+
+
+def _updates_in_place(statement) -> bool:
+    """`statement` changes tensors in place (`p.mul_(m)`, `torch._foreach_lerp_(...)`), as an EMA update does: a
+    read alone (a count, a norm) gives the same numbers from FSDP2's unsharded parameters."""
+    for node, _ in walk(statement):
+        if isinstance(node, cst.Call) and isinstance(node.func, (cst.Attribute, cst.Name)):
+            name = node.func.attr.value if isinstance(node.func, cst.Attribute) else node.func.value
+            if name.endswith("_") and not name.endswith("__") and (not name.startswith("_") or name.startswith("_foreach_")):
+                return True
+    return False
+
+
+def _parameter_of_function(model, stack) -> bool:
+    """`model` is a parameter of the function around it: which model it is, the program decides (a helper the
+    constructor's model is handed to)."""
+    function = next((node for node in reversed(stack) if isinstance(node, cst.FunctionDef)), None)
+    if function is None or not isinstance(model, cst.Name):
+        return False
+    params = function.params
+    return any(param.name.value == model.value for param in (*params.posonly_params, *params.params, *params.kwonly_params))
