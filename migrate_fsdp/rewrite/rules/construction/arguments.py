@@ -9,7 +9,7 @@ such names to the expression that gives the value, so that the keyword rules
 see the same thing whatever the spelling.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 from libcst.metadata import Assignment
@@ -69,6 +69,7 @@ class Fill:
     block: cst.CSTNode  # the block holding the statement
     chain: cst.If | None  # the `if` statement in the dict's block whose branch holds it
     path: tuple[tuple[cst.If, bool], ...] = ()  # the chain's `if`s down to that branch, and whether each test holds
+    own_block: cst.CSTNode | None = None  # the block the statement itself sits in
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,7 +146,7 @@ class Definitions:
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and len(target.slice) == 1:
             key = target.slice[0].slice
             if isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString):
-                fill = Fill(key.value.evaluated_value, assign.value, target.value, statement, block, chain, path)
+                fill = Fill(key.value.evaluated_value, assign.value, target.value, statement, block, chain, path, own_block)
                 self._fills[id(target.value)] = (fill,)
 
     def note_update(self, call: cst.Call) -> None:
@@ -159,9 +160,10 @@ class Definitions:
         expression = self.ctx.stack[-2] if len(self.ctx.stack) > 1 else None
         if placed is None or not (isinstance(expression, cst.Expr) and expression.value is call):
             return
-        statement, _, block, chain, path = placed
+        statement, own_block, block, chain, path = placed
         self._fills[id(func.value)] = tuple(
-            Fill(arg.keyword.value, arg.value, func.value, statement, block, chain, path) for arg in call.args
+            Fill(arg.keyword.value, arg.value, func.value, statement, block, chain, path, own_block)
+            for arg in call.args
         )
 
     def _placement(self) -> tuple[cst.CSTNode, cst.CSTNode, cst.CSTNode, cst.If | None, tuple] | None:
@@ -233,8 +235,17 @@ class Definitions:
             if id(load) in self.logged:
                 continue
             filling = self._fills.get(id(load), ())
+            block = self._blocks.get(id(definition.statement))
+            if filling and filling[0].block is not block and filling[0].own_block is block:
+                # on a line of the dict's own block, itself in an `if` body: it fills whenever the dict is made
+                filling = tuple(replace(fill, block=block, chain=None, path=()) for fill in filling)
+            if filling and filling[0].block is not block and self._within(filling[0].statement, block):
+                raise _NotFilled(
+                    f"is filled in a nested block (`{_line(self.ctx, filling[0].statement)}`); fill it in the dict's "
+                    "block or in one if/elif/else chain there"
+                )
             if not filling or (
-                filling[0].block is not self._blocks.get(id(definition.statement))
+                filling[0].block is not block
                 or not self.order[id(definition.statement)] < self.order[id(filling[0].statement)] < self.calls.get(id(call), -1)
             ):
                 return None
@@ -256,14 +267,25 @@ class Definitions:
                 bodies.append(links[-1].orelse.body.body)
             others = [[statement for statement in body if id(statement) not in inside] for body in bodies]
             tests = [link.test for link in links]
-            if not all(_keeps_test(statement, test) for body in others for statement in body for test in tests):
-                return None
+            changing = next(
+                (statement for body in others for statement in body if not all(_keeps_test(statement, test) for test in tests)),
+                None,
+            )
+            if changing is not None:
+                raise _NotFilled(
+                    f"is filled beside `{_line(self.ctx, changing)}`, which may change what `if "
+                    f"{self.ctx.code(tests[0])}` reads, or leave the block"
+                )
             if not any(others):
                 emptied.append(chain)
             # Emptied branches of a chain with statements left go as dead blocks (imports.finish_module).
         return FilledDict(
             definition.target, definition.value, definition.statement, definition.assignment, tuple(fills), tuple(emptied)
         )
+
+    def _within(self, statement, block) -> bool:
+        """`statement` is somewhere inside `block`."""
+        return block is not None and any(node is statement for node, _ in walk(block))
 
     def of(self, name: cst.CSTNode) -> Definition | None:
         """The definition a use of `name` reads, when there is exactly one."""
@@ -441,6 +463,18 @@ def bind(call: cst.Call, definitions: Definitions, is_kwargs_use, skip: int = 0)
     return bound
 
 
+class _NotFilled(Exception):
+    """Why the fills of a kwargs dict cannot be read as the call sees them (a message after the dict's name)."""
+
+
+def _line(ctx, statement) -> str:
+    """The first line of `statement`, shortened, for a message."""
+    if hasattr(statement, "leading_lines"):
+        statement = statement.with_changes(leading_lines=())  # not the comments above it (a TODO of an earlier run)
+    text = ctx.code(statement).strip().splitlines()[0]
+    return text if len(text) <= 50 else text[:47] + "..."
+
+
 def _kwargs_definition(arg: cst.Arg, call, definitions: Definitions, is_kwargs_use) -> Definition:
     definition = definitions.of(arg.value)
     reason = None
@@ -451,8 +485,11 @@ def _kwargs_definition(arg: cst.Arg, call, definitions: Definitions, is_kwargs_u
     elif _dict_items(definitions.ctx, definition.value) is None:
         reason = "is not a dict literal or dict(...) with literal keys"
     elif not all(is_kwargs_use(load) for load in definition.loads):
-        definition = definitions.filled(definition, call, is_kwargs_use)
-        if definition is None:
+        try:
+            definition = definitions.filled(definition, call, is_kwargs_use)
+        except _NotFilled as refused:
+            definition, reason = None, str(refused)
+        if definition is None and reason is None:
             reason = "is also used or changed elsewhere, so its contents at the call are unknown"
     if reason:
         raise Unbindable(arg, f"`**{definitions.ctx.code(arg.value)}` {reason}")
