@@ -79,7 +79,7 @@ def escapes(ctx, call: cst.Call, stack) -> Reach | None:
     state_reads: list = []
     makes_models = ctx.matches(call.func, "functools.partial")  # a factory: each call of it builds a model
     try:
-        _follow(ctx, function, target, callees, seen=set(), remotes=remotes, makes_models=makes_models, state_reads=state_reads)
+        _follow(ctx, function, target, callees, seen={}, remotes=remotes, makes_models=makes_models, state_reads=state_reads)
     except Escape:
         return None
     return Reach(frozenset(callees), frozenset(remotes), state_reads=_positions(ctx, state_reads))
@@ -98,7 +98,7 @@ def parameter_reach(ctx, function: cst.FunctionDef, index: int | None, keyword: 
     returned: list = []
     state_reads: list = []
     try:
-        _follow(ctx, function, parameter, callees, seen=set(), remotes=None, returned=returned, state_reads=state_reads)
+        _follow(ctx, function, parameter, callees, seen={}, remotes=None, returned=returned, state_reads=state_reads)
     except Escape:
         return None
     return Reach(frozenset(callees), returns=bool(returned), state_reads=_positions(ctx, state_reads))
@@ -109,7 +109,7 @@ def _follow(
     function: cst.FunctionDef,
     name: cst.Name,
     callees: set[str],
-    seen: set[int],
+    seen: dict[int, list | None],
     remotes,
     makes_models=False,
     returned=None,
@@ -138,7 +138,7 @@ def _follow(
 
 
 def _read(
-    ctx, name: cst.CSTNode, ancestors, callees: set[str], seen: set[int], remotes, factory_in=None, returned=None, state_reads=None
+    ctx, name: cst.CSTNode, ancestors, callees: set[str], seen: dict, remotes, factory_in=None, returned=None, state_reads=None
 ) -> None:
     """This read of the model keeps it in sight (`model(x)`, `model.parameters()`, a function of this file), or
     raises Escape. `remotes`: where calls into other modules are collected; None: such a call is out of sight.
@@ -169,13 +169,14 @@ def _read(
         if parameter is None:
             raise Escape
         callees.add(callee.name.value)
-        handed_back: list = [True]  # followed before: as if it may hand the model back
         if id(parameter) not in seen:
-            seen.add(id(parameter))
-            handed_back = []
+            seen[id(parameter)] = None  # being followed (a recursive call): as if it may hand the model back
+            handed_back: list = []
             makes_models = factory_in is not None
             _follow(ctx, callee, parameter, callees, seen, remotes, makes_models, handed_back, state_reads)
-        if handed_back and factory_in is None:
+            seen[id(parameter)] = handed_back
+        handed_back = seen[id(parameter)]
+        if (handed_back is None or handed_back) and factory_in is None:
             _read(ctx, *result, callees, seen, remotes, None, returned, state_reads)
         return
     if isinstance(parent, cst.Return) and returned is not None:
@@ -188,7 +189,7 @@ def _read(
         raise Escape
 
 
-def _in_sight(ctx, call, ancestors, callees: set[str], seen: set[int], remotes, returned, state_reads) -> bool:
+def _in_sight(ctx, call, ancestors, callees: set[str], seen: dict, remotes, returned, state_reads) -> bool:
     """What `call` returns, were it the model, would stay in sight."""
     try:
         _read(ctx, call, ancestors, callees, seen, remotes, None, returned, state_reads)
@@ -197,7 +198,7 @@ def _in_sight(ctx, call, ancestors, callees: set[str], seen: set[int], remotes, 
     return True
 
 
-def _made(ctx, function: cst.FunctionDef, call: cst.Call, ancestors, callees: set[str], seen: set[int], remotes) -> None:
+def _made(ctx, function: cst.FunctionDef, call: cst.Call, ancestors, callees: set[str], seen: dict, remotes) -> None:
     """`model = wrapper(net)` of a factory: the model is followed as one FSDP(...) built; used otherwise, it escapes."""
     holder = ancestors[-1] if ancestors else None
     if isinstance(holder, cst.Expr):
@@ -208,7 +209,7 @@ def _made(ctx, function: cst.FunctionDef, call: cst.Call, ancestors, callees: se
     if not isinstance(target, cst.Name):
         raise Escape
     if id(target) not in seen:
-        seen.add(id(target))
+        seen[id(target)] = []
         _follow(ctx, function, target, callees, seen, remotes)
 
 
