@@ -36,6 +36,8 @@ def needs_after(plan, rules) -> list[str]:
     reasons = []
     if plan.sync_module_states:
         reasons.append("sync_module_states")
+    elif plan.param_init is not None:
+        reasons.append("param_init_fn")
     if plan.mixed_precision is not None and rules["MF104"].buffer_dtype(plan.mixed_precision) is not None:
         reasons.append("mixed_precision's buffer_dtype")
     if plan.forward_prefetch:
@@ -208,6 +210,8 @@ class Emitter:
             full_state_dict = self.names.fresh(self.anchor, "full_state_dict", "fsdp1_full_state_dict")
             buffer = self.names.fresh(self.anchor, "buffer", "fsdp_buffer")
             after += rules["MF110"].after(plan, module, full_state_dict, buffer)
+        elif plan.param_init is not None:
+            after += rules["MF110"].materialise(plan, module)
         if plan.forward_prefetch:
             after += rules["MF109"].statements(plan, module)
         return after

@@ -12,10 +12,14 @@ too (FSDP1 synced non-persistent buffers, which state dicts leave out).
 A flag known only at run time (`sync_module_states=cfg.low_cpu_fsdp`) guards
 taking rank 0's state dict and what comes after sharding, read each time.
 
-Anything else is reported: a `param_init_fn` that initialises weights
-(FSDP1 ran it on whole modules before sharding, FSDP2 would run it on
-shards: other values), or a module built on meta with no sync (FSDP1
-materialised it with `reset_parameters()` behind the scenes).
+Without sync_module_states, a materialising `param_init_fn` becomes a
+`to_empty(recurse=False)` of each module still on meta after sharding, as
+FSDP1 called it on each such module before sharding: the weights are
+uninitialised either way until the program loads them (torchtune's meta-device
+init, then a full state dict). Anything else is reported: a `param_init_fn`
+that initialises weights (FSDP1 ran it on whole modules before sharding,
+FSDP2 would run it on shards: other values), or a module built on meta with
+no sync (FSDP1 materialised it with `reset_parameters()` behind the scenes).
 """
 
 import textwrap
@@ -64,11 +68,8 @@ class MetaInitRule(KeywordRule):
                 f"sharding, FSDP2 runs initialisation on shards (other values); {_FLOW}",
                 init.arg,
             )
-        if init is not None and plan.sync_module_states is False:
-            raise Unconvertible(
-                f"param_init_fn without sync_module_states leaves the weights uninitialised on meta ranks; {_FLOW}",
-                plan.arguments["param_init_fn"].arg,
-            )
+        if plan.sync_module_states is False and init is not None:
+            return  # materialised after sharding as FSDP1 did before it (materialise); the program loads the weights
         if plan.sync_module_states is False:
             if plan.module is not None and self.analysis.built_on_meta(plan.module):
                 raise Unconvertible(
@@ -174,6 +175,24 @@ class MetaInitRule(KeywordRule):
             """,
             MESH=plan.device_mesh,
             SYNC=plan.sync_module_states,
+        )
+
+    def materialise(self, plan, module) -> list[cst.BaseStatement]:
+        """Without sync_module_states: what FSDP1's `param_init_fn` (a `to_empty`) did to each module with tensors
+        on the meta device, after sharding: the weights stay uninitialised there, as with FSDP1, until the
+        program loads or initialises them (torchtune loads a full state dict next)."""
+        names, anchor = self.analysis.names, plan.site.node
+        submodule = names.fresh(anchor, "submodule", "fsdp_submodule")
+        tensor = names.fresh(anchor, "tensor", "fsdp_tensor")
+        device = plan.device if plan.device is not None else plan.param_init.device
+        return statements(
+            f"""
+            for {submodule} in MODULE.modules():
+                if any({tensor}.is_meta for {tensor} in [*{submodule}.parameters(recurse=False), *{submodule}.buffers(recurse=False)]):
+                    {submodule}.to_empty(device=DEVICE, recurse=False)
+            """,
+            MODULE=module,
+            DEVICE=device,
         )
 
     def after(self, plan, module, full_state_dict: str, buffer: str) -> list[cst.BaseStatement]:
