@@ -45,6 +45,9 @@ def needs_after(plan, rules) -> list[str]:
     return reasons
 
 
+_MESHES = "construction.meshes"  # ctx.facts key: (block id, mesh expression) -> the variable holding it
+
+
 class Emitter:
     def __init__(self, analysis, rules: dict, plan, call_node: cst.Call) -> None:
         self.ctx = analysis.ctx
@@ -186,10 +189,24 @@ class Emitter:
         shared = {name: value for name, (value, _) in plan.kwargs.items()}
         if plan.mesh is not None:
             if self.statements_allowed and not isinstance(plan.mesh, cst.Name):
-                shared["mesh"] = self._variable(setup, "mesh", plan.mesh, "fsdp_mesh")
+                shared["mesh"] = self._mesh(setup)
             else:
                 shared["mesh"] = plan.mesh
         return shared
+
+    def _mesh(self, setup: list) -> cst.Name:
+        """The mesh's variable: one made for an earlier call of the same block, over the same devices, is the same
+        mesh (two models sharded side by side need no second `init_device_mesh`)."""
+        plan = self.plan
+        block = next((n for n in reversed(plan.site.stack) if isinstance(n, (cst.IndentedBlock, cst.Module))), None)
+        made = self.ctx.facts.setdefault(_MESHES, {})  # (block, mesh expression) -> variable; (block, variable) -> key
+        key = (id(block), self.ctx.code(plan.mesh))
+        if not plan.site.is_partial and block is not None and key in made and made[(id(block), made[key])] == key:
+            return cst.Name(made[key])  # still holding that mesh: no later mesh of this block took its name
+        variable = self._variable(setup, "mesh", plan.mesh, "fsdp_mesh")
+        if not plan.site.is_partial and block is not None:
+            made[key], made[(id(block), variable.value)] = variable.value, key
+        return variable
 
     def _ignored(self, setup: list, shared: dict, module) -> tuple | None:
         """ignored_params for every call; (ignored modules, ignored params) variables when loops need them."""
