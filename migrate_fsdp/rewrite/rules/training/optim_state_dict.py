@@ -36,6 +36,7 @@ from migrate_fsdp.rewrite.rules.training.state_dicts import (
     Builder,
     Settings,
     UsesStateDictPlan,
+    model_key,
 )
 from migrate_fsdp.rewrite.syntax import dotted, subtree_ids, walk
 
@@ -275,7 +276,7 @@ class OptimStateDict(UsesStateDictPlan):
         """Whether `node` is the model of this call: an FSDP1 model, or the model of the state-dict context."""
         if self.models.is_fsdp_model(node):
             return True
-        return any(context.model and context.model == dotted(node) for context in self.plan.contexts)
+        return any(context.model and context.model == model_key(node) for context in self.plan.contexts)
 
     def _set_legacy(self, original, updated):
         params, kind, broadcast = _LOADERS[original.func.attr.value]

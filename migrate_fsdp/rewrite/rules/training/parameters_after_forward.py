@@ -13,13 +13,16 @@ into buffers the next reshard drops. Before a statement under `torch.no_grad()`
 (or `inference_mode`, as a block or a decorator) that reads an FSDP model's
 parameters, the rewrite reshards that model, as FSDP1 had.
 
-Nothing of FSDP1 is named here: where the model stays FSDP1 the statement
-stays as it is, unreported.
+Nothing of FSDP1 is named here: where a model known to be FSDP1's stays
+FSDP1 the statement stays as it is, unreported. A module of unknown origin
+(a helper's parameter, `self.teacher[k]` in a module naming no FSDP) is
+resharded whenever the program builds FSDP1 models: that does nothing to a
+module holding no FSDP2 module.
 """
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.training.base import TrainingRule
+from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
 HELPER_NAME = "fsdp2_reshard"
@@ -31,6 +34,8 @@ class ParametersAfterForward(TrainingRule):
     code = "MF214"
     name = "parameters-after-forward"
     summary = "an FSDP model's parameters read under no_grad: fsdp2_reshard(model) first (FSDP1 resharded after forward)"
+    # EMA updates live in modules that may name no FSDP (dinov2's ssl_meta_arch.py): they multiply in place.
+    tokens = (*FSDP2_TOKENS, b".mul_(", b".lerp_(", b"_foreach_mul_(", b"_foreach_lerp_(")
 
     def leave_Call(self, original: cst.Call, updated):
         func = original.func
@@ -41,10 +46,11 @@ class ParametersAfterForward(TrainingRule):
         if not self._under_no_grad() or not self.ctx.can_insert_statements() or not _updates_in_place(self.ctx.statement()):
             return updated
         known = self.models.is_fsdp_model(model) or self.models.holder_origins(model, stack) is not None
-        if not known and not (_parameter_of_function(model, stack) and self.ctx.program.may_build_fsdp1()):
-            return updated
-        if self.ctx.program.use(original, self.code, stack) is not None:
+        if known and self.ctx.program.use(original, self.code, stack) is not None:
             return updated  # the model stays FSDP1 (or may be FSDP2 already): nothing changes here
+        if not known and not self.ctx.program.may_build_fsdp1():
+            return updated  # a module of unknown origin (`self.teacher[k]`), in a program that builds FSDP1 models:
+            # resharding it is a no-op where it holds no FSDP2 module, so it needs no verdict
         done = self.ctx.facts.setdefault(self.code, set())
         key = (id(self.ctx.statement()), dotted(model) or self.ctx.code(model))
         if key not in done:
@@ -78,12 +84,3 @@ def _updates_in_place(statement) -> bool:
                 return True
     return False
 
-
-def _parameter_of_function(model, stack) -> bool:
-    """`model` is a parameter of the function around it: which model it is, the program decides (a helper the
-    constructor's model is handed to)."""
-    function = next((node for node in reversed(stack) if isinstance(node, cst.FunctionDef)), None)
-    if function is None or not isinstance(model, cst.Name):
-        return False
-    params = function.params
-    return any(param.name.value == model.value for param in (*params.posonly_params, *params.params, *params.kwonly_params))

@@ -175,7 +175,7 @@ class StateDictPlan:
         if bound is None or "module" not in bound or "state_dict_type" not in bound:
             context.failure = "arguments not understood"
             return context
-        context.model = dotted(bound["module"].value)
+        context.model = model_key(bound["module"].value)
         module = bound["module"].value
         context.wrapped_here = isinstance(module, cst.Name) and fsdp_models(self.ctx).wrapped_here(module, stack)
         for name in ("state_dict_config", "optim_state_dict_config"):
@@ -343,14 +343,16 @@ class StateDictPlan:
         chain = holders | {context.model}  # `trainer` inside `trainer.model` is the model, not its holder
         optimizers = self._optimizers(region)  # `self.opt` given to FSDP's optimizer-state API: a torch optimizer
         for node, parents in walk(*region):
-            if not isinstance(node, (cst.Name, cst.Attribute)):
+            if not isinstance(node, (cst.Name, cst.Attribute, cst.Subscript)):
                 continue
-            name = dotted(node)
+            name = model_key(node)
+            if not name:
+                continue
             if name == context.model:
                 problems.append(self._region_use(context, node, parents, optim_rule_selected))
             elif (
                 name in holders
-                and not (parents and dotted(parents[-1]) in chain | optimizers)
+                and not (parents and model_key(parents[-1]) in chain | optimizers)
                 and not self._handed_to_fsdp(node, parents)
             ):
                 # `trainer.save_model()` under a setting on `trainer.model`: the holder reaches the model out of sight
@@ -596,9 +598,24 @@ _NO_SPACE_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), wh
 
 
 def _holders(model: str | None) -> set[str]:
-    """`a` and `a.b` for the model `a.b.c`: objects through which other code reaches the model."""
-    parts = (model or "").split(".")
+    """`a` and `a.b` for the model `a.b.c` (and for `a.b["c"]`): objects through which other code reaches it."""
+    model = model or ""
+    if model.endswith("]"):  # an item of a container: the container holds it too
+        base = model[: model.index("[")]
+        return _holders(base) | {base}
+    parts = model.split(".")
     return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def model_key(node) -> str:
+    """How a model is named: `a.b` for a name or attribute chain, `a.b["c"]` for an item taken by a string literal
+    (a ModuleDict's, dinov2's `model.teacher["backbone"]`); "" otherwise."""
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+        key, base = node.slice[0].slice.value, dotted(node.value)
+        if isinstance(key, cst.SimpleString) and base and "[" not in base:
+            return f"{base}[{key.evaluated_value!r}]"
+        return ""
+    return dotted(node) if isinstance(node, (cst.Name, cst.Attribute)) else ""
 
 
 def _flag(value) -> cst.BaseExpression:
