@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.guards import in_non_fsdp_branch
 from migrate_fsdp.rewrite.analysis.models import assignments_of
 from migrate_fsdp.rewrite.syntax import walk
 
@@ -146,7 +147,8 @@ def _read(
     parent = ancestors[-1] if ancestors else None
     if isinstance(parent, cst.Attribute) and parent.value is name:
         if state_reads is not None and parent.attr.value in ("state_dict", "load_state_dict"):
-            state_reads.append(parent)
+            if not in_non_fsdp_branch((*ancestors, name)):  # where the program says it runs without FSDP: its own
+                state_reads.append(parent)
         return
     if isinstance(parent, cst.Call) and parent.func is name:
         if factory_in is not None:

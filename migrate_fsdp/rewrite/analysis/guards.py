@@ -37,6 +37,20 @@ def in_fsdp_branch(stack) -> bool:
     return False
 
 
+def in_non_fsdp_branch(stack) -> bool:
+    """Whether the innermost node of `stack` runs only on a branch a guard naming FSDP does not take
+    (`cpu_state if args.fsdp else model.state_dict()`)."""
+    for index, node in enumerate(stack[:-1]):
+        child = stack[index + 1]
+        if isinstance(node, (cst.If, cst.IfExp)):
+            sense = _names_fsdp(node.test)
+            if sense is None:
+                continue
+            if child is node.body and not sense or child is node.orelse and sense:
+                return True
+    return False
+
+
 def _names_fsdp(test) -> bool | None:
     """True: the test holds when FSDP is used; False: when it is not; None: it says neither."""
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):

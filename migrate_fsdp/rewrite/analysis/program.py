@@ -156,7 +156,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             for site in use.sites:
                 held.setdefault(site, f"{use.code} in {file.path}")
     for site, path in unseen_reads.items():
-        held.setdefault(site, f"its state dict read in {path}")
+        held.setdefault(site, f"a state_dict() or load_state_dict() of it at {path} is left as a plain module's, which shards under FSDP2")
     unfollowed = _settings_read_out_of_sight(facts)
     for (path, _), (sites, _) in unfollowed.items():
         for site in sites:
@@ -320,10 +320,13 @@ def _settings_read_out_of_sight(facts: list[FileFacts]) -> dict:
 
 def _all_seen(file: FileFacts | None, positions) -> bool:
     """A rule took each state-dict call at `positions` of `file` for an FSDP1 model's (it converts or stays)."""
-    if not positions:
-        return True
-    known = {key for key in (*file.uses, *file.staying) if key[1] == "MF202"} if file is not None else set()
-    return all((position, "MF202") in known for position in positions)
+    return _unseen(file, positions) is None
+
+
+def _unseen(file: FileFacts | None, positions) -> int | None:
+    """The line of the first state-dict call at `positions` of `file` no rule took for an FSDP1 model's."""
+    known = {key[0] for key in (*file.uses, *file.staying) if key[1] == "MF202"} if file is not None else set()
+    return next((line for line, column in sorted(positions) if (line, column) not in known), None)
 
 
 def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> dict:
@@ -350,7 +353,7 @@ def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> dict:
     for file in facts:
         for position, reads in file.state_reads.items():
             if not _all_seen(file, reads):
-                unseen[(file.path, position)] = file.path
+                unseen[(file.path, position)] = f"{file.path}:{_unseen(file, reads)}"
         for position, callees in file.callees.items():
             tie(file.path, callees, (file.path, position))
         for position, remotes in file.remotes.items():
@@ -361,7 +364,7 @@ def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> dict:
             for path, reach in reached:
                 tie(path, reach.callees, (file.path, position))
                 if not _all_seen(by_path.get(path), reach.state_reads):
-                    unseen[(file.path, position)] = path
+                    unseen[(file.path, position)] = f"{path}:{_unseen(by_path.get(path), reach.state_reads)}"
     return unseen
 
 
