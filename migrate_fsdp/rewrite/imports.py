@@ -416,6 +416,13 @@ def _insert_import(body: list, line, package: str | None = None) -> None:
     # the last of the standard library's section: the next section keeps its blank line
     ends_section = module is not None and _is_stdlib(module) and not new_section
     ends_section = ends_section and position < len(body) and not _is_stdlib(_first_module(body[position]))
+    # the last of its package's lines, before another section (the project's own imports): that keeps its blank line
+    ends_section = ends_section or (
+        module is not None
+        and 0 < position < len(body)
+        and _starts_block(body[position])
+        and _package(_first_module(body[position - 1])) == _package(module) != _package(_first_module(body[position]))
+    )
     if not ends_section and position < len(body) and is_import_line(body[position]):
         # Take over the comments above the line we are inserted before.
         line = line.with_changes(leading_lines=body[position].leading_lines)
@@ -453,6 +460,10 @@ def _stdlib_position(body: list, position: int) -> int:
         if is_import_line(body[index]) and not _is_stdlib(_first_module(body[index])):
             return index
     return position
+
+
+def _package(module: str) -> str:
+    return module.split(".", 1)[0]
 
 
 def _starts_block(statement) -> bool:
