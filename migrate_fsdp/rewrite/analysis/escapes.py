@@ -26,6 +26,20 @@ _INSPECTING_BUILTINS = tuple(
 )
 
 
+# What an FSDP1 model has and an FSDP2 one has not, or answers otherwise (a full state dict, the wrapped module,
+# the wrapper's own state and internals): read on the model where no rule took it for an FSDP1 model's, it keeps
+# the model FSDP1 (analysis/program.py); rules convert or report them in sight (state_dict_type.py,
+# wrapper_attributes.py, flat_param_internals.py).
+FSDP1_SURFACE = frozenset(
+    {
+        "state_dict", "load_state_dict", "module", "check_is_root", "process_group", "sharding_strategy", "params",
+        "training_state", "compute_device", "mixed_precision", "cpu_offload", "backward_prefetch", "forward_prefetch",
+        "limit_all_gathers", "rank", "world_size", "register_comm_hook", "apply", "_fsdp_wrapped_module",
+        "_flat_param", "_handle", "_is_root", "_sharding_strategy", "_use_orig_params",
+    }
+)
+
+
 class Escape(Exception):
     """The model may reach code out of this file's sight."""
 
@@ -47,7 +61,8 @@ class Reach:
     callees: frozenset = frozenset()
     remotes: frozenset = frozenset()
     returns: bool = False  # the function may hand the model back (`return model`, `return m.module if ... else m`)
-    state_reads: frozenset = frozenset()  # positions of the model's `state_dict()` / `load_state_dict()` calls
+    importable: bool = False  # a module-level model: any file may import it (what is in sight is still followed)
+    fsdp1_reads: frozenset = frozenset()  # (position, attribute) of each FSDP1 surface read of the model (FSDP1_SURFACE)
 
     def __bool__(self) -> bool:
         return bool(self.callees or self.remotes)
@@ -73,21 +88,26 @@ def escapes(ctx, call: cst.Call, stack) -> Reach | None:
     if not isinstance(target, cst.Name):
         return None  # `self.model = FSDP(...)`: every method, and whoever holds the object, sees it
     function = next((n for n in reversed(parents) if isinstance(n, cst.FunctionDef)), None)
-    if function is None:
-        return None  # a module-level model can be imported by any file
+    if function is None:  # a module-level model can be imported by any file: it escapes, after what is in sight
+        reads, callees, remotes = [], set(), set()
+        try:
+            _follow(ctx, ctx.module, target, callees, seen={}, remotes=remotes, fsdp1_reads=reads)
+        except Escape:
+            pass
+        return Reach(frozenset(callees), frozenset(remotes), importable=True, fsdp1_reads=_positions(ctx, reads))
     callees: set[str] = set()
     remotes: set[Remote] = set()
-    state_reads: list = []
+    fsdp1_reads: list = []
     makes_models = ctx.matches(call.func, "functools.partial")  # a factory: each call of it builds a model
     try:
-        _follow(ctx, function, target, callees, seen={}, remotes=remotes, makes_models=makes_models, state_reads=state_reads)
+        _follow(ctx, function, target, callees, seen={}, remotes=remotes, makes_models=makes_models, fsdp1_reads=fsdp1_reads)
     except Escape:
         return None
-    return Reach(frozenset(callees), frozenset(remotes), state_reads=_positions(ctx, state_reads))
+    return Reach(frozenset(callees), frozenset(remotes), fsdp1_reads=_positions(ctx, fsdp1_reads))
 
 
 def _positions(ctx, nodes) -> frozenset:
-    return frozenset(ctx.position(node) for node in nodes)
+    return frozenset((ctx.position(node), node.attr.value) for node in nodes)
 
 
 def parameter_reach(ctx, function: cst.FunctionDef, index: int | None, keyword: str | None) -> Reach | None:
@@ -97,12 +117,12 @@ def parameter_reach(ctx, function: cst.FunctionDef, index: int | None, keyword: 
         return None
     callees: set[str] = {function.name.value}
     returned: list = []
-    state_reads: list = []
+    fsdp1_reads: list = []
     try:
-        _follow(ctx, function, parameter, callees, seen={}, remotes=None, returned=returned, state_reads=state_reads)
+        _follow(ctx, function, parameter, callees, seen={}, remotes=None, returned=returned, fsdp1_reads=fsdp1_reads)
     except Escape:
         return None
-    return Reach(frozenset(callees), returns=bool(returned), state_reads=_positions(ctx, state_reads))
+    return Reach(frozenset(callees), returns=bool(returned), fsdp1_reads=_positions(ctx, fsdp1_reads))
 
 
 def _follow(
@@ -114,12 +134,12 @@ def _follow(
     remotes,
     makes_models=False,
     returned=None,
-    state_reads=None,
+    fsdp1_reads=None,
 ) -> None:
     """Every read of `name` (bound in `function`) in that function keeps the model in sight, or raises Escape.
     `makes_models`: `name` is a `functools.partial(FSDP, ...)` factory, and so are the models its calls make.
     `returned`: `name` is a parameter, which the function may hand back to its caller (noted there); None: a
-    model returned escapes. `state_reads`: where the model's state dict is read or loaded are noted there."""
+    model returned escapes. `fsdp1_reads`: the model's attributes of FSDP1_SURFACE read are noted there."""
     assignment = next(
         (a for a in assignments_of(ctx.scope(name), name.value) if a.node is name or getattr(a.node, "name", None) is name),
         None,
@@ -127,7 +147,7 @@ def _follow(
     if assignment is None:
         raise Escape
     references = {id(access.node) for access in assignment.references}
-    reads = [(node, ancestors) for node, ancestors in walk(function.body) if id(node) in references or node is name]
+    reads = [(node, ancestors) for node, ancestors in walk(*_bodies(function)) if id(node) in references or node is name]
     bound = next((i for i, (node, _) in enumerate(reads) if node is name), 0)  # a parameter: bound before all
     loops = {id(n) for n in (reads[bound][1] if reads and reads[bound][0] is name else ()) if isinstance(n, (cst.For, cst.While))}
     for index, (node, ancestors) in enumerate(reads):
@@ -135,20 +155,20 @@ def _follow(
             continue
         if index < bound and not any(id(n) in loops for n in ancestors):
             continue  # read before the binding, and not again after it in a loop: an earlier value (scopes ignore order)
-        _read(ctx, node, ancestors, callees, seen, remotes, function if makes_models else None, returned, state_reads)
+        _read(ctx, node, ancestors, callees, seen, remotes, function if makes_models else None, returned, fsdp1_reads)
 
 
 def _read(
-    ctx, name: cst.CSTNode, ancestors, callees: set[str], seen: dict, remotes, factory_in=None, returned=None, state_reads=None
+    ctx, name: cst.CSTNode, ancestors, callees: set[str], seen: dict, remotes, factory_in=None, returned=None, fsdp1_reads=None
 ) -> None:
     """This read of the model keeps it in sight (`model(x)`, `model.parameters()`, a function of this file), or
     raises Escape. `remotes`: where calls into other modules are collected; None: such a call is out of sight.
     `factory_in`: the function where `name` is a factory; the model each of its calls makes is followed there."""
     parent = ancestors[-1] if ancestors else None
     if isinstance(parent, cst.Attribute) and parent.value is name:
-        if state_reads is not None and parent.attr.value in ("state_dict", "load_state_dict"):
+        if fsdp1_reads is not None and parent.attr.value in FSDP1_SURFACE:
             if not in_non_fsdp_branch((*ancestors, name)):  # where the program says it runs without FSDP: its own
-                state_reads.append(parent)
+                fsdp1_reads.append(parent)
         return
     if isinstance(parent, cst.Call) and parent.func is name:
         if factory_in is not None:
@@ -164,7 +184,7 @@ def _read(
         callee = _local_function(ctx, call.func)
         result = (call, ancestors[:-2])  # where the call's value goes: the model itself, if the callee hands it back
         if callee is None and remotes is not None and factory_in is None:
-            in_sight = _in_sight(ctx, *result, callees, seen, remotes, returned, state_reads)
+            in_sight = _in_sight(ctx, *result, callees, seen, remotes, returned, fsdp1_reads)
             remotes.add(Remote(_remote_name(ctx, call), *binding, in_sight))
             return
         parameter = _parameter(callee, *binding) if callee is not None else None
@@ -175,26 +195,26 @@ def _read(
             seen[id(parameter)] = None  # being followed (a recursive call): as if it may hand the model back
             handed_back: list = []
             makes_models = factory_in is not None
-            _follow(ctx, callee, parameter, callees, seen, remotes, makes_models, handed_back, state_reads)
+            _follow(ctx, callee, parameter, callees, seen, remotes, makes_models, handed_back, fsdp1_reads)
             seen[id(parameter)] = handed_back
         handed_back = seen[id(parameter)]
         if (handed_back is None or handed_back) and factory_in is None:
-            _read(ctx, *result, callees, seen, remotes, None, returned, state_reads)
+            _read(ctx, *result, callees, seen, remotes, None, returned, fsdp1_reads)
         return
     if isinstance(parent, cst.Return) and returned is not None:
         returned.append(parent)  # handed back: the caller follows what it does with the call's value
         return
     if isinstance(parent, cst.IfExp) and parent.test is not name:  # `m.module if isinstance(m, FSDP) else m`
-        _read(ctx, parent, ancestors[:-1], callees, seen, remotes, factory_in, returned, state_reads)
+        _read(ctx, parent, ancestors[:-1], callees, seen, remotes, factory_in, returned, fsdp1_reads)
         return
     if not isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.If, cst.BooleanOperation, cst.UnaryOperation, cst.Expr)):
         raise Escape
 
 
-def _in_sight(ctx, call, ancestors, callees: set[str], seen: dict, remotes, returned, state_reads) -> bool:
+def _in_sight(ctx, call, ancestors, callees: set[str], seen: dict, remotes, returned, fsdp1_reads) -> bool:
     """What `call` returns, were it the model, would stay in sight."""
     try:
-        _read(ctx, call, ancestors, callees, seen, remotes, None, returned, state_reads)
+        _read(ctx, call, ancestors, callees, seen, remotes, None, returned, fsdp1_reads)
     except Escape:
         return False
     return True
@@ -263,3 +283,8 @@ def _cannot_hold_user_code(ctx, func) -> bool:
         return True
     names = ctx.qualified_names(func)
     return bool(names) and all(name == "torch" or name.startswith("torch.") for name in names)
+
+
+def _bodies(function) -> tuple:
+    """The statements to search: a function's body, or a module's statements."""
+    return tuple(function.body) if isinstance(function, cst.Module) else (function.body,)

@@ -65,7 +65,7 @@ class FileFacts:
     escaping: set = field(default_factory=set)  # constructors whose model may reach code out of the file's sight
     callees: dict = field(default_factory=dict)  # constructor Position -> functions of the file it is handed to
     remotes: dict = field(default_factory=dict)  # constructor Position -> calls handing it to other modules (escapes.Remote)
-    state_reads: dict = field(default_factory=dict)  # constructor Position -> Positions of its model's state-dict calls here
+    fsdp1_reads: dict = field(default_factory=dict)  # constructor Position -> (Position, attribute) of FSDP1 reads here
     declared: Counter | None = None  # function name -> occurrences that are not uses (reachability.py); None: not parsed
     uses: dict = field(default_factory=dict)  # (Position, code) -> Use
     staying: dict = field(default_factory=dict)  # (Position, code) -> Use a rule could not convert: it stays FSDP1
@@ -156,7 +156,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             for site in use.sites:
                 held.setdefault(site, f"{use.code} in {file.path}")
     for site, path in unseen_reads.items():
-        held.setdefault(site, f"a state_dict() or load_state_dict() of it at {path} is left as a plain module's, which shards under FSDP2")
+        held.setdefault(site, f"{path} stays FSDP1's: no rule there could tell it is this model")
     unfollowed = _settings_read_out_of_sight(facts)
     for (path, _), (sites, _) in unfollowed.items():
         for site in sites:
@@ -318,24 +318,26 @@ def _settings_read_out_of_sight(facts: list[FileFacts]) -> dict:
     return found
 
 
-def _all_seen(file: FileFacts | None, positions) -> bool:
-    """A rule took each state-dict call at `positions` of `file` for an FSDP1 model's (it converts or stays)."""
-    return _unseen(file, positions) is None
+def _all_seen(file: FileFacts | None, reads) -> bool:
+    """A rule took each FSDP1 read of the model in `reads` ((position, attribute)) of `file` for one (it converts or
+    stays)."""
+    return _unseen(file, reads, "") is None
 
 
-def _unseen(file: FileFacts | None, positions) -> int | None:
-    """The line of the first state-dict call at `positions` of `file` no rule took for an FSDP1 model's."""
-    known = {key[0] for key in (*file.uses, *file.staying) if key[1] == "MF202"} if file is not None else set()
-    return next((line for line, column in sorted(positions) if (line, column) not in known), None)
+def _unseen(file: FileFacts | None, reads, path: str) -> str | None:
+    """The first read in `reads` of `file` (at `path`) no rule took for an FSDP1 model's, for a message."""
+    known = {key[0] for key in (*file.uses, *file.staying)} if file is not None else set()
+    missed = sorted(read for read in reads if read[0] not in known)
+    return f"`.{missed[0][1]}` of it at {path}:{missed[0][0][0]}" if missed else None
 
 
 def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> dict:
     """Every use's `sites`: the constructors of its file whose model reaches it, and those handing their model
     to the function holding it, in the same file or from another module (whose call escapes otherwise).
 
-    Returns the constructors whose model has its state dict read in another module where no rule took it for an
-    FSDP1 model's (a module naming no FSDP, a parameter of unknown origin): site -> that module. FSDP1 gave a full
-    state dict there, FSDP2 would give shards."""
+    Returns the constructors whose model has FSDP1's surface read (its state dict, `.module`, `.world_size`, ...)
+    where no rule took it for an FSDP1 model's (a module naming no FSDP, a parameter of unknown origin): site ->
+    where. FSDP2 would answer otherwise there (shards) or fail (no such attribute)."""
     by_path = {f.path: f for f in facts}
     for file in facts:
         for table in (file.uses, file.staying):
@@ -351,9 +353,9 @@ def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> dict:
 
     unseen = {}
     for file in facts:
-        for position, reads in file.state_reads.items():
+        for position, reads in file.fsdp1_reads.items():
             if not _all_seen(file, reads):
-                unseen[(file.path, position)] = f"{file.path}:{_unseen(file, reads)}"
+                unseen[(file.path, position)] = _unseen(file, reads, file.path)
         for position, callees in file.callees.items():
             tie(file.path, callees, (file.path, position))
         for position, remotes in file.remotes.items():
@@ -363,8 +365,8 @@ def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> dict:
                 continue
             for path, reach in reached:
                 tie(path, reach.callees, (file.path, position))
-                if not _all_seen(by_path.get(path), reach.state_reads):
-                    unseen[(file.path, position)] = f"{path}:{_unseen(by_path.get(path), reach.state_reads)}"
+                if not _all_seen(by_path.get(path), reach.fsdp1_reads):
+                    unseen[(file.path, position)] = _unseen(by_path.get(path), reach.fsdp1_reads, path)
     return unseen
 
 
@@ -395,12 +397,12 @@ class Gate:
         self.facts.places[position] = f"{function.name.value}()" if isinstance(function, cst.FunctionDef) else ""
         if self.verdict is None:  # a constructor that stays also ties its model's uses to it: they are blocked by it
             reach = escapes(self.ctx, node, stack)
-            if reach is None:
+            if reach is None or reach.importable:
                 self.facts.escaping.add(position)
-            elif reach.callees:
+            if reach is not None and reach.callees:
                 self.facts.callees[position] = reach.callees
-            if reach is not None and reach.state_reads:
-                self.facts.state_reads[position] = reach.state_reads
+            if reach is not None and reach.fsdp1_reads:
+                self.facts.fsdp1_reads[position] = reach.fsdp1_reads
             if reach and reach.remotes:
                 self.facts.remotes[position] = reach.remotes
         if not converts or self.verdict is None:
