@@ -486,7 +486,8 @@ def _is_none(arg: cst.Arg) -> bool:
 
 
 def _binds(statement, name: str) -> bool:
-    """Whether running `statement` surely binds `name` (`name = ...`, also inside a `with` block)."""
+    """Whether running `statement` surely binds `name` (`name = ...`, also inside a `with` block, or on every branch
+    of an `if` chain with an `else`)."""
     if isinstance(statement, cst.SimpleStatementLine):
         return any(
             isinstance(small, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name for t in small.targets)
@@ -494,4 +495,11 @@ def _binds(statement, name: str) -> bool:
         )
     if isinstance(statement, cst.With) and isinstance(statement.body, cst.IndentedBlock):
         return any(_binds(inner, name) for inner in statement.body.body)
+    if isinstance(statement, cst.If) and statement.orelse is not None:  # on every branch of an if/elif/else chain
+        branches = [statement.body, statement.orelse if isinstance(statement.orelse, cst.If) else statement.orelse.body]
+        return all(
+            _binds(branch, name) if isinstance(branch, cst.If) else isinstance(branch, cst.IndentedBlock)
+            and any(_binds(inner, name) for inner in branch.body)
+            for branch in branches
+        )
     return False
