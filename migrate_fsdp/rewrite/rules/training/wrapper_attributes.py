@@ -39,6 +39,7 @@ _ADVICE = {
     "apply": "FSDP1 gathered full parameters around `apply(fn)`; on FSDP2 `fn` sees sharded DTensors: initialise before `fully_shard`, or make `fn` work on DTensors",
 }
 _FSDP1_ONLY = frozenset({"check_is_root"})
+_GROUP_SIZES = {"rank": "get_rank", "world_size": "get_world_size"}
 # nn.Module API whose answer differs between FSDP1's inner module and an FSDP2 model (full vs sharded, names).
 _MODULE_STATE_API = frozenset(
     {"state_dict", "load_state_dict", "parameters", "buffers", "modules", "children", "apply", "forward",
@@ -71,11 +72,22 @@ class WrapperAttributes(RemovesStatements):
             # `model.freeze()`. What nn.Module enumerates or serialises (state_dict, parameters, ...) differs
             # between the inner module and an FSDP2 model, so `model.module.state_dict()` stays reported.
             return updated.value if self.fsdp2_ahead(original) else updated
+        if name in _GROUP_SIZES and kind is Kind.FSDP and self._read(original) and not self.ctx.program.part_of_world():
+            # FSDP1's rank and size in the group the model is sharded over: the world's, where every model of the
+            # program is sharded over all ranks (no group, mesh, HYBRID_SHARD or NO_SHARD of the user's)
+            if self.fsdp2_ahead(original):
+                return cst.Call(func=cst.Name(self.ctx.require_import("torch.distributed", _GROUP_SIZES[name])))
+            return updated
         if kind is Kind.FSDP or (name in _FSDP1_ONLY and kind is Kind.UNKNOWN and self.ctx.program.may_build_fsdp1()):
             receiver = code_of(self.ctx, original.value)
             what = "works differently" if name in _CHANGED else "does not exist"
             self.ctx.report(original, self.code, f"`{receiver}.{name}` {what} on an FSDP2 model; {_ADVICE[name]}")
         return updated
+
+    def _read(self, node) -> bool:
+        """`node` is read, not assigned or deleted."""
+        parent = self.ctx.stack[-2] if len(self.ctx.stack) >= 2 else None
+        return not isinstance(parent, (cst.AssignTarget, cst.AugAssign, cst.Del)) or getattr(parent, "target", None) is not node
 
     def leave_IfExp(self, original: cst.IfExp, updated):
         """`m if isinstance(m, FSDP) else m`, once its `m.module` became `m`: `m`."""
