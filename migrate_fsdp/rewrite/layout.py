@@ -75,9 +75,9 @@ class _Wrapper(cst.CSTTransformer):
     def _split(self, node, start: int, level: int):
         """`node` split at its brackets, its opening bracket on a line indented by `level` past the statement's
         indentation `start`."""
-        inner = level + _INDENT
         if isinstance(node, cst.IfExp):
             return self._split_conditional(node, start, level)
+        inner = level + _INDENT
         items = _items(node)
         hugged = " ".join(self._code(item).strip() for item in items)
         if start + inner + len(hugged) <= self.limit and isinstance(node, cst.Call):

@@ -26,27 +26,23 @@ from migrate_fsdp.rewrite.syntax import dotted
 
 def in_fsdp_branch(stack) -> bool:
     """Whether the innermost node of `stack` runs only on a branch a guard naming FSDP takes."""
-    for index, node in enumerate(stack[:-1]):
-        child = stack[index + 1]
-        if isinstance(node, (cst.If, cst.IfExp)):
-            sense = _names_fsdp(node.test)
-            if sense is None:
-                continue
-            if child is node.body and sense or child is node.orelse and not sense:
-                return True
-    return False
+    return _on_branch(stack, taken=True)
 
 
 def in_non_fsdp_branch(stack) -> bool:
     """Whether the innermost node of `stack` runs only on a branch a guard naming FSDP does not take
     (`cpu_state if args.fsdp else model.state_dict()`)."""
+    return _on_branch(stack, taken=False)
+
+
+def _on_branch(stack, taken: bool) -> bool:
     for index, node in enumerate(stack[:-1]):
         child = stack[index + 1]
         if isinstance(node, (cst.If, cst.IfExp)):
             sense = _names_fsdp(node.test)
             if sense is None:
                 continue
-            if child is node.body and not sense or child is node.orelse and sense:
+            if child is node.body and sense is taken or child is node.orelse and sense is not taken:
                 return True
     return False
 

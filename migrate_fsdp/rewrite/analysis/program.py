@@ -318,14 +318,9 @@ def _settings_read_out_of_sight(facts: list[FileFacts]) -> dict:
     return found
 
 
-def _all_seen(file: FileFacts | None, reads) -> bool:
-    """A rule took each FSDP1 read of the model in `reads` ((position, attribute)) of `file` for one (it converts or
-    stays)."""
-    return _unseen(file, reads, "") is None
-
-
 def _unseen(file: FileFacts | None, reads, path: str) -> str | None:
-    """The first read in `reads` of `file` (at `path`) no rule took for an FSDP1 model's, for a message."""
+    """The first read in `reads` ((position, attribute)) of `file` (at `path`) no rule took for an FSDP1 model's
+    (one that converts or stays), for a message; None when a rule took each."""
     known = {key[0] for key in (*file.uses, *file.staying)} if file is not None else set()
     missed = sorted(read for read in reads if read[0] not in known)
     return f"`.{missed[0][1]}` of it at {path}:{missed[0][0][0]}" if missed else None
@@ -354,8 +349,9 @@ def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> dict:
     unseen = {}
     for file in facts:
         for position, reads in file.fsdp1_reads.items():
-            if not _all_seen(file, reads):
-                unseen[(file.path, position)] = _unseen(file, reads, file.path)
+            missed = _unseen(file, reads, file.path)
+            if missed:
+                unseen[(file.path, position)] = missed
         for position, callees in file.callees.items():
             tie(file.path, callees, (file.path, position))
         for position, remotes in file.remotes.items():
@@ -365,8 +361,9 @@ def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> dict:
                 continue
             for path, reach in reached:
                 tie(path, reach.callees, (file.path, position))
-                if not _all_seen(by_path.get(path), reach.fsdp1_reads):
-                    unseen[(file.path, position)] = _unseen(by_path.get(path), reach.fsdp1_reads, path)
+                missed = _unseen(by_path.get(path), reach.fsdp1_reads, path)
+                if missed:
+                    unseen[(file.path, position)] = missed
     return unseen
 
 

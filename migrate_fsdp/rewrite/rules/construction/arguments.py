@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import libcst as cst
 from libcst.metadata import Assignment
 
-from migrate_fsdp.rewrite.rules.construction.codegen import disjunction
+from migrate_fsdp.rewrite.rules.construction import choice
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
 # FullyShardedDataParallel.__init__'s parameters, in order (torch 2.x).
@@ -534,25 +534,10 @@ def _chain_value(ctx, arg: cst.Arg, chain: cst.If, fills: list[Fill], before):
                 f"(`{key}=... if {test} else BackwardPrefetch.BACKWARD_PRE`)",
             )
         before = cst.Name(_DEFAULTS[key])
-    branches: list[tuple[list, cst.BaseExpression]] = []  # neighbouring branches giving the same value ask once
-    for link in links:
-        body = by_branch.get((id(link), True), before)
-        if branches and branches[-1][1] is body:
-            branches[-1][0].append(link.test)
-        else:
-            branches.append(([link.test], body))
-    value = by_branch.get((id(links[-1]), False), before)
-    for tests, body in reversed(branches):
-        if body is not value:  # tests whose branches leave the key as the rest of the chain does are not asked
-            value = cst.IfExp(test=disjunction(tests), body=_enclosed(body), orelse=_enclosed(value, (cst.NamedExpr,)))
-    return value
-
-
-def _enclosed(node, loose=(cst.IfExp, cst.Lambda, cst.NamedExpr)):
-    """`node` in parentheses where, as part of a conditional expression or an `or`, it would read differently."""
-    if isinstance(node, loose) and not node.lpar:
-        return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return node
+    tree = by_branch.get((id(links[-1]), False), before)
+    for link in reversed(links):
+        tree = choice.Choice(link.test, by_branch.get((id(link), True), before), tree)
+    return choice.join(tree, lambda value: value)  # neighbouring branches giving the same value ask once
 
 
 def _links(chain: cst.If) -> list[cst.If]:

@@ -13,10 +13,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import disjunction
-
-_NEEDS_PARENS = (cst.IfExp, cst.Lambda, cst.NamedExpr)
-
+from migrate_fsdp.rewrite.rules.construction.codegen import disjunction, parenthesized
 
 @dataclass(frozen=True, eq=False)
 class Choice:
@@ -72,17 +69,14 @@ def _expression(tree, fallback) -> cst.BaseExpression:
     then, orelse = _expression(tree.then, fallback), _expression(tree.orelse, fallback)
     if _code(then) == _code(orelse):
         return then
+    then, test, node = parenthesized(then), tree.test, tree.node
     if isinstance(orelse, cst.IfExp) and not orelse.lpar and _code(orelse.body) == _code(then):
         # `A if t else A if u else B`: `A if t or u else B`
-        return cst.IfExp(test=disjunction([tree.test, orelse.test]), body=then, orelse=orelse.orelse)
-    if isinstance(then, _NEEDS_PARENS) and not then.lpar:
-        then = then.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    if tree.node is not None:
-        return tree.node.with_changes(body=then, orelse=orelse)
-    test = tree.test
-    if isinstance(test, _NEEDS_PARENS) and not test.lpar:
-        test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return cst.IfExp(test=test, body=then, orelse=orelse)
+        test, orelse, node = disjunction([test, orelse.test]), orelse.orelse, None
+    orelse = parenthesized(orelse, cst.NamedExpr)
+    if node is not None:
+        return node.with_changes(body=then, orelse=orelse)
+    return cst.IfExp(test=parenthesized(test), body=then, orelse=orelse)
 
 
 def _code(node) -> str:

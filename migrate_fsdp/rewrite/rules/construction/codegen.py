@@ -37,7 +37,17 @@ _LOOSE = (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr, cst.UnaryO
 
 def grouped(node):
     """`node` in parentheses when an operator inside it binds more loosely than a call or attribute."""
-    if isinstance(node, _LOOSE) and not node.lpar:
+    return parenthesized(node, _LOOSE)
+
+
+# Expressions that need parentheses as a part of a conditional expression or a boolean operation.
+_CONDITIONAL = (cst.IfExp, cst.Lambda, cst.NamedExpr)
+
+
+def parenthesized(node, loose=_CONDITIONAL):
+    """`node` in parentheses when it is one of `loose` and has none (by default: where it stands as a part of
+    `a if t else b` or of `a or b`, which would read it differently)."""
+    if isinstance(node, loose) and not node.lpar:
         return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     return node
 
@@ -199,10 +209,9 @@ def _joined(tests: list, operator) -> cst.BaseExpression:
 def _operand(node, operator):
     """`node` in parentheses where, as an operand of `operator`, it would read differently (a conditional, `a or b`
     under `and`)."""
-    loose = isinstance(node, (cst.IfExp, cst.Lambda, cst.NamedExpr)) or (
-        operator is cst.And and isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.Or)
-    )
-    return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if loose and not node.lpar else node
+    if operator is cst.And and isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.Or):
+        return parenthesized(node, cst.BooleanOperation)
+    return parenthesized(node)
 
 
 def is_reevaluable(node) -> bool:

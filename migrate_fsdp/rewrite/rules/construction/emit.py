@@ -45,7 +45,7 @@ def needs_after(plan, rules) -> list[str]:
     return reasons
 
 
-_MESHES = "construction.meshes"  # ctx.facts key: (block id, mesh expression) -> the variable holding it
+_MESHES = "construction.meshes"  # ctx.facts key: block id -> {mesh variable made there: the code of the mesh it holds}
 
 
 class Emitter:
@@ -199,13 +199,15 @@ class Emitter:
         mesh (two models sharded side by side need no second `init_device_mesh`)."""
         plan = self.plan
         block = next((n for n in reversed(plan.site.stack) if isinstance(n, (cst.IndentedBlock, cst.Module))), None)
-        made = self.ctx.facts.setdefault(_MESHES, {})  # (block, mesh expression) -> variable; (block, variable) -> key
-        key = (id(block), self.ctx.code(plan.mesh))
-        if not plan.site.is_partial and block is not None and key in made and made[(id(block), made[key])] == key:
-            return cst.Name(made[key])  # still holding that mesh: no later mesh of this block took its name
+        if plan.site.is_partial or block is None:
+            return self._variable(setup, "mesh", plan.mesh, "fsdp_mesh")
+        holding = self.ctx.facts.setdefault(_MESHES, {}).setdefault(id(block), {})  # variable -> its mesh's code
+        code = self.ctx.code(plan.mesh)
+        made = next((variable for variable, held in holding.items() if held == code), None)
+        if made is not None:
+            return cst.Name(made)  # still holding that mesh: no later mesh of this block took its name
         variable = self._variable(setup, "mesh", plan.mesh, "fsdp_mesh")
-        if not plan.site.is_partial and block is not None:
-            made[key], made[(id(block), variable.value)] = variable.value, key
+        holding[variable.value] = code
         return variable
 
     def _ignored(self, setup: list, shared: dict, module) -> tuple | None:

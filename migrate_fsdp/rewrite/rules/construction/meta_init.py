@@ -68,9 +68,9 @@ class MetaInitRule(KeywordRule):
                 f"sharding, FSDP2 runs initialisation on shards (other values); {_FLOW}",
                 init.arg,
             )
-        if plan.sync_module_states is False and init is not None:
-            return  # materialised after sharding as FSDP1 did before it (materialise); the program loads the weights
         if plan.sync_module_states is False:
+            if init is not None:
+                return  # materialised after sharding as FSDP1 did before it (materialise); the program loads the weights
             if plan.module is not None and self.analysis.built_on_meta(plan.module):
                 raise Unconvertible(
                     "the module is built on the meta device: FSDP1 materialised it with reset_parameters(); " + _FLOW,
@@ -184,7 +184,6 @@ class MetaInitRule(KeywordRule):
         names, anchor = self.analysis.names, plan.site.node
         submodule = names.fresh(anchor, "submodule", "fsdp_submodule")
         tensor = names.fresh(anchor, "tensor", "fsdp_tensor")
-        device = plan.device if plan.device is not None else plan.param_init.device
         return statements(
             f"""
             for {submodule} in MODULE.modules():
@@ -192,7 +191,7 @@ class MetaInitRule(KeywordRule):
                     {submodule}.to_empty(device=DEVICE, recurse=False)
             """,
             MODULE=module,
-            DEVICE=device,
+            DEVICE=_materialised_on(plan),
         )
 
     def after(self, plan, module, full_state_dict: str, buffer: str) -> list[cst.BaseStatement]:
@@ -206,8 +205,9 @@ class MetaInitRule(KeywordRule):
         options = self.ctx.require_import("torch.distributed.checkpoint.state_dict", "StateDictOptions")
         result = []
         if plan.param_init is not None:
-            device = plan.device if plan.device is not None else plan.param_init.device
-            result += statements(f"if {rank}() != 0:\n    MODULE.to_empty(device=DEVICE)", MODULE=module, DEVICE=device)
+            result += statements(
+                f"if {rank}() != 0:\n    MODULE.to_empty(device=DEVICE)", MODULE=module, DEVICE=_materialised_on(plan)
+            )
         result += statements(
             f"""
             {load}(MODULE, {full_state_dict}, options={options}(full_state_dict=True, broadcast_from_rank0=True))
@@ -217,3 +217,8 @@ class MetaInitRule(KeywordRule):
             MODULE=module,
         )
         return guarded(plan.sync_module_states, result)
+
+
+def _materialised_on(plan) -> cst.BaseExpression:
+    """Where meta tensors are materialised: FSDP1's device_id, else the device the param_init_fn gives."""
+    return plan.device if plan.device is not None else plan.param_init.device
