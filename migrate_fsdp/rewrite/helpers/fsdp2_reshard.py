@@ -1,4 +1,5 @@
-"""MF214 inserts this where parameters of a model are read under no_grad, where FSDP1 showed the sharded ones."""
+"""MF214 inserts this where parameters of a model are changed under no_grad, MF204 before a summon's body reads
+them: where FSDP1 showed the sharded ones."""
 
 from torch.distributed.fsdp import FSDPModule
 

@@ -37,7 +37,8 @@ from migrate_fsdp.rewrite.rules.training.base import (
     literal_bool,
 )
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
-from migrate_fsdp.rewrite.rules.construction.codegen import Names, statements
+from migrate_fsdp.rewrite.rules.construction.codegen import statements
+from migrate_fsdp.rewrite.rules.training.parameters_after_forward import HELPER_NAME as RESHARD_HELPER
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
 _PARAMS = ("module", "recurse", "writeback", "rank0_only", "offload_to_cpu", "with_grads")
@@ -238,10 +239,8 @@ class SummonFullParams(RemovesStatements):
         """FSDP2 leaves a module unsharded after a forward no backward followed (an evaluation under no_grad): its
         parameters are then the working copies, in param_dtype under mixed precision. Resharding first gives every
         parameter back as the full-precision DTensor FSDP1 gathered."""
-        fsdp_module = self.ctx.require_import("torch.distributed.fsdp", "FSDPModule")
-        var = Names(self.ctx).fresh(original, "fsdp_module")
-        template = f"for {var} in MODEL.modules():\n    if isinstance({var}, {fsdp_module}):\n        {var}.reshard()\n"
-        return statements(template, MODEL=model)
+        helper = self.ctx.add_helper(RESHARD_HELPER)
+        return statements(f"{helper}(MODEL)", MODEL=model)
 
 
 def _parameter_target(target, named: bool) -> str | None:
