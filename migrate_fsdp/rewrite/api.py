@@ -48,7 +48,11 @@ class RewriteResult:
 def worth_parsing(source: bytes, selection: Selection) -> bool:
     if may_use_fsdp1(source):
         return True
-    return any(token in source for rule in selection.rules() for token in rule.tokens)
+    return any(_holds(token, source) for rule in selection.rules() for token in rule.tokens)
+
+
+def _holds(token: bytes | tuple[bytes, ...], source: bytes) -> bool:
+    return token in source if isinstance(token, bytes) else all(part in source for part in token)
 
 
 class ParsedFile:

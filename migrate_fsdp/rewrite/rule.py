@@ -33,8 +33,8 @@ class Rule:
     summary: ClassVar[str]
     # Byte strings that make a file worth parsing for this rule even when it
     # never names torch.distributed.fsdp (e.g. `.no_sync(` on a model built
-    # in another file).
-    tokens: ClassVar[tuple[bytes, ...]] = ()
+    # in another file); a tuple of them counts where all of them appear.
+    tokens: ClassVar[tuple[bytes | tuple[bytes, ...], ...]] = ()
     # What the rule's own reports are about: uses of models (left FSDP1, so the models must stay FSDP1 with
     # them: analysis/program.py), rather than constructors or their settings.
     reports_model_uses: ClassVar[bool] = False

@@ -28,14 +28,19 @@ from migrate_fsdp.rewrite.syntax import dotted, walk
 HELPER_NAME = "fsdp2_reshard"
 _NO_GRAD = ("torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode")
 _READS = ("parameters", "named_parameters")
+_GRAD_OFF = (b"no_grad", b"inference_mode")
 
 
 class ParametersAfterForward(TrainingRule):
     code = "MF214"
     name = "parameters-after-forward"
     summary = "an FSDP model's parameters read under no_grad: fsdp2_reshard(model) first (FSDP1 resharded after forward)"
-    # EMA updates live in modules that may name no FSDP (dinov2's ssl_meta_arch.py): they multiply in place.
-    tokens = (*FSDP2_TOKENS, b".mul_(", b".lerp_(", b"_foreach_mul_(", b"_foreach_lerp_(")
+    # EMA updates live in modules that may name no FSDP (dinov2's ssl_meta_arch.py): under no_grad, they multiply
+    # parameters in place.
+    tokens = (
+        *FSDP2_TOKENS,
+        *((grad, b"parameters(", update) for grad in _GRAD_OFF for update in (b"mul_(", b"lerp_(")),
+    )
 
     def leave_Call(self, original: cst.Call, updated):
         func = original.func
