@@ -216,3 +216,14 @@ def test_internal_error_leaves_file_unchanged(rules):
 def test_fsdp1_import_nobody_used_is_dropped_only_when_something_changed(rules):
     source = "import torch\nfrom torch.distributed.fsdp import BackwardPrefetch, fully_shard\nfully_shard(m)\n"
     assert run(source, rules()).code == textwrap.dedent(source)  # nothing to convert: byte-identical
+
+
+def test_a_token_group_makes_a_file_worth_parsing_only_where_all_of_it_appears():
+    from migrate_fsdp.rewrite.api import worth_parsing
+    from migrate_fsdp.rewrite.selection import Selection
+
+    ema = b"with torch.no_grad():\n    for p, q in zip(a.parameters(), b.parameters()):\n        q.mul_(0.9)\n"
+    selection = Selection.from_prefixes(["MF214"], None)
+    assert worth_parsing(ema, selection)
+    assert not worth_parsing(b"x.mul_(2)\n", selection)  # an in-place multiplication alone
+    assert not worth_parsing(ema.replace(b"no_grad", b"enable_grad"), selection)
