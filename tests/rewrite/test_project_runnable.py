@@ -77,3 +77,30 @@ def test_a_model_handed_to_a_shared_loop_and_a_checkpoint_module_trains_alike(tm
     assert sorted(new) == sorted(old)
     for name, tensor in old.items():
         torch.testing.assert_close(new[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+SECOND_ENTRY = FIXTURES / "projects" / "second_entry_point"
+
+
+def test_a_training_script_converts_beside_an_entry_point_whose_model_stays(tmp_path):
+    """fixtures/projects/second_entry_point: export.py's model stays FSDP1 (a wrapper internal), and nothing hands it
+    on or imports it, so train.py's model and its loop in another module convert, and train as before."""
+    runs = {}
+    for side in ("before", "after"):
+        project = tmp_path / side
+        shutil.copytree(SECOND_ENTRY / side, project)
+        saves = tmp_path / f"{side}_saves"
+        saves.mkdir()
+        done = torchrun(project / "entry" / "train.py", "--save_dir", saves, env={"PYTHONPATH": str(project)})
+        runs[side] = step_lines(done.stdout), torch.load(saves / "model.pt", weights_only=False)
+    (old_steps, old), (new_steps, new) = runs["before"], runs["after"]
+    assert len(old_steps) == 4
+    for old_line, new_line in zip(old_steps, new_steps, strict=True):
+        old_numbers, new_numbers = [float(w) for w in old_line.split()[1::2]], [float(w) for w in new_line.split()[1::2]]
+        assert new_numbers == pytest.approx(old_numbers, rel=1e-5)  # clipping may be active: an ulp (documented)
+    assert sorted(new) == sorted(old)
+    for name, tensor in old.items():
+        torch.testing.assert_close(new[name], tensor, rtol=1e-5, atol=1e-6)
+    after = SECOND_ENTRY / "after" / "entry"
+    assert "fully_shard(make_model()" in (after / "train.py").read_text()
+    assert "FSDP(make_model()" in (after / "export.py").read_text()  # the blocked entry point stays FSDP1

@@ -54,3 +54,24 @@ def test_a_star_import_passes_names_on_only_where_they_are_taken():
     assert "import ShardingStrategy, fully_shard\n" in _rewrite(named_there)["pkg/__init__.py"]
     untaken = {"pkg/__init__.py": PACKAGE, "utils/__init__.py": passes_on, "train.py": b"from utils import wrap\n"}
     assert "from torch.distributed.fsdp import fully_shard\n" in _rewrite(untaken)["pkg/__init__.py"]
+
+
+def test_which_modules_other_files_import():
+    from migrate_fsdp.rewrite.analysis.reexports import imported_modules
+    from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
+
+    sources = {
+        "app/__init__.py": b"",
+        "app/a.py": b"import app.b as b\n",
+        "app/c.py": b"from app import d\nfrom . import (\n    e,\n)\n",
+        "app/b.py": b"",
+        "app/d.py": b"",
+        "app/e.py": b"",
+        "app/f.py": b"from app.g import thing  # g, not f\n",
+        "app/g.py": b"",
+        "app/h.py": b"",  # only spelled in a string, by a file importing by strings
+        "app/run.py": b"import importlib\n\nimportlib.import_module('app.h')\n",
+        "app/alone.py": b"import torch\n",
+    }
+    found = imported_modules(sources, RemoteCalls(sources))
+    assert found == {"app/__init__.py", "app/b.py", "app/d.py", "app/e.py", "app/g.py", "app/h.py"}

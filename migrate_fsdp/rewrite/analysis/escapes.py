@@ -61,7 +61,8 @@ class Reach:
     callees: frozenset = frozenset()
     remotes: frozenset = frozenset()
     returns: bool = False  # the function may hand the model back (`return model`, `return m.module if ... else m`)
-    importable: bool = False  # a module-level model: any file may import it (what is in sight is still followed)
+    importable: bool = False  # a module-level model: a file importing its module reaches it too
+    escaped: bool = False  # a module-level model that also goes out of sight in its module (what is in sight is listed)
     fsdp1_reads: frozenset = frozenset()  # (position, attribute) of each FSDP1 surface read of the model (FSDP1_SURFACE)
 
     def __bool__(self) -> bool:
@@ -88,13 +89,15 @@ def escapes(ctx, call: cst.Call, stack) -> Reach | None:
     if not isinstance(target, cst.Name):
         return None  # `self.model = FSDP(...)`: every method, and whoever holds the object, sees it
     function = next((n for n in reversed(parents) if isinstance(n, cst.FunctionDef)), None)
-    if function is None:  # a module-level model can be imported by any file: it escapes, after what is in sight
+    if function is None:  # a module-level model: also seen by any file importing its module (decide checks which)
         reads, callees, remotes = [], set(), set()
+        escaped = False
+        makes_models = ctx.matches(call.func, "functools.partial")  # a factory: each call of it builds a model
         try:
-            _follow(ctx, ctx.module, target, callees, seen={}, remotes=remotes, fsdp1_reads=reads)
+            _follow(ctx, ctx.module, target, callees, seen={}, remotes=remotes, makes_models=makes_models, fsdp1_reads=reads)
         except Escape:
-            pass
-        return Reach(frozenset(callees), frozenset(remotes), importable=True, fsdp1_reads=_positions(ctx, reads))
+            escaped = True
+        return Reach(frozenset(callees), frozenset(remotes), importable=True, escaped=escaped, fsdp1_reads=_positions(ctx, reads))
     callees: set[str] = set()
     remotes: set[Remote] = set()
     fsdp1_reads: list = []

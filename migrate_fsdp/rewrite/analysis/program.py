@@ -15,8 +15,9 @@ wrong, so the rewrite runs in two steps:
    stand or fall together; a constructor tied to a use that stays, stays;
    while FSDP1 code for untraced models stays, so does every constructor
    whose model escapes. A use converts only if every constructor tied to
-   it converts, and a use that cannot be tied to any converts only if the
-   program keeps no FSDP1 constructor at all. Files whose first rewrite
+   it converts, and a use that cannot be tied to any converts only if no
+   model that stays FSDP1 may reach it: none leaves the program's sight, and
+   none is used in the use's file (built there, or handed to it). Files whose first rewrite
    assumed too much are rewritten again from the same parsed tree with the
    verdict (`Gate`), so no file is parsed twice.
 """
@@ -32,7 +33,7 @@ from migrate_fsdp.rewrite.analysis.escapes import escapes
 from migrate_fsdp.rewrite.analysis.guards import checked_instance
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
-from migrate_fsdp.rewrite.analysis.reexports import imported_elsewhere
+from migrate_fsdp.rewrite.analysis.reexports import imported_elsewhere, imported_modules
 from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
 from migrate_fsdp.rewrite.analysis.value_flow import ValueFlow
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
@@ -63,6 +64,8 @@ class FileFacts:
     constructors: dict = field(default_factory=dict)  # Position -> converts on its own
     places: dict = field(default_factory=dict)  # constructor Position -> the function holding it, for messages
     escaping: set = field(default_factory=set)  # constructors whose model may reach code out of the file's sight
+    module_level: set = field(default_factory=set)  # constructors of module-level models followed in the file: they
+    # escape only if another file imports the module (decide)
     callees: dict = field(default_factory=dict)  # constructor Position -> functions of the file it is handed to
     remotes: dict = field(default_factory=dict)  # constructor Position -> calls handing it to other modules (escapes.Remote)
     fsdp1_reads: dict = field(default_factory=dict)  # constructor Position -> (Position, attribute) of FSDP1 reads here
@@ -141,6 +144,13 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             for key, use in file.staying_with_own_groups.items():
                 file.staying[key] = use
                 file.uses.pop(key, None)
+    if sources is None:  # what imports what is unknown: any module-level model may be imported
+        imported = {f.path for f in facts}
+    else:
+        imported = imported_modules(sources, remote_calls) if any(f.module_level for f in facts) else set()
+    for file in facts:
+        if file.path in imported:
+            file.escaping |= file.module_level
     unseen_reads = _tie_handed_on(facts, remote_calls)
     adopted = _adopt_unsure_receivers(facts, sources or {})
     for file in facts:
@@ -149,6 +159,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             for other in sites[1:]:
                 parent[find(other)] = find(sites[0])
     converts = {(f.path, p): c for f in facts for p, c in f.constructors.items()}
+    by_path = {f.path: f for f in facts}
     kept = {site for site, c in converts.items() if not c}
     held = {}  # a constructor that could convert but has a use that stays FSDP1 -> that use's code and file
     for file in facts:
@@ -161,33 +172,74 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     for (path, _), (sites, _) in unfollowed.items():
         for site in sites:
             held.setdefault(site, f"MF202 in {path}")
-    loose = {u.function for f in facts for u in (*f.uses.values(), *f.staying.values()) if u.untied and not u.sites}
-    dead = unnamed(loose, {f.path: f.declared for f in facts}, sources) if sources else set()
+    unplaced = {u.function for f in facts for u in (*f.uses.values(), *f.staying.values()) if u.untied and not u.sites}
+    dead = unnamed(unplaced, {f.path: f.declared for f in facts}, sources) if sources else set()
 
     def reachable(use) -> bool:
         # A use on a parameter of a function nobody calls meets no model of the program; one whose function
         # finds its model itself (a factory, a global) may run from outside: an entry point run by name.
         return use.untied and (use.sites or use.function not in dead or not use.handed_in)
 
-    untied = sorted(f"{use.code} in {f.path}" for f in facts for use in f.uses.values() if reachable(use))
+    untied = sorted((f.path, key) for f in facts for key, use in f.uses.items() if reachable(use))
     untied_staying = sorted(f"{use.code} in {f.path}" for f in facts for use in f.staying.values() if reachable(use))
-    escaping = {}  # a constructor that converts but whose model may meet an untied use that stays -> that use's code, file
-    if (kept or held) and untied or untied_staying:
-        first = (untied_staying or untied)[0]
-        escaping = {(f.path, p): first for f in facts for p in f.escaping if f.constructors.get(p)}
-    escaping = {site: why for site, why in escaping.items() if site not in held}
-    if kept or held or escaping:  # an untied use is then denied: the models tied to it stay with it
-        for file in facts:
-            for use in file.uses.values():
-                for site in use.sites if use.untied else ():
-                    if converts.get(site) and site not in escaping:
-                        held.setdefault(site, f"{use.code} in {file.path}")
+    # An FSDP1 model that stays may meet a use on a model of unknown origin anywhere if it leaves the program's
+    # sight; one the program follows meets only uses in the files it reaches (its own, those it is handed to).
+    reaches = {(f.path, p): _files_reached(f, p, remote_calls) for f in facts for p in f.constructors}
+    escaping = {}  # a constructor that converts but whose model may meet an untied use that stays -> that use
+
+    def staying_model(path: str):
+        """The first constructor staying FSDP1 whose model may meet a use of unknown origin in `path`, if any."""
+        # Root causes first: models that cannot convert, then those a use of their own holds back.
+        staying = sorted(kept | set(held) | set(escaping), key=lambda site: (site not in kept, not isinstance(held.get(site), str), site))
+        return next((site for site in staying if reaches[site] is None or path in reaches[site]), None)
+
+    while True:  # models held back by the uses they share hold back more uses in turn
+        denied_untied = [(path, key) for path, key in untied if staying_model(path) is not None]
+        if (denied_untied or untied_staying) and not escaping:
+            first = untied_staying[0] if untied_staying else denied_untied[0]
+            escaping = {(f.path, p): first for f in facts for p in f.escaping if f.constructors.get(p) and (f.path, p) not in held}
+        more = {
+            site: (path, key)
+            for path, key in denied_untied
+            for site in by_path[path].uses[key].sites
+            if converts.get(site) and site not in escaping and site not in held
+        }
+        if not more:
+            break
+        held.update(more)
     kept_for_uses = set(held) | set(escaping)
     cause = {}  # component root -> the first constructor in it that cannot convert
     for site in sorted(kept | kept_for_uses):
         cause.setdefault(find(site), site)
+    denials = {}
+    for file in facts:
+        for key, use in file.uses.items():
+            if key in file.staying:  # the rule refused it: its own report says why, the models it holds point to it
+                continue
+            if (file.path, key) in unfollowed:
+                denials[(file.path, key)] = Denial(KEPT_FSDP1, unfollowed[(file.path, key)][1])
+                continue
+            # A constructor that cannot convert first: the cause, rather than one it holds back.
+            blockers = sorted((b for b in (cause.get(find(site)) for site in use.sites) if b is not None), key=lambda b: (b not in kept, b))
+            staying = staying_model(file.path) if use.untied else None
+            if staying is not None and not (blockers and blockers[0] in kept):
+                blockers = []  # held back only by this use itself: the cause is the model of unknown origin
+            if blockers:
+                denials[(file.path, key)] = Denial(BLOCKED, f"blocked: the model's FSDP(...) in {where(blockers[0])} stays FSDP1")
+            elif staying is not None:
+                denials[(file.path, key)] = Denial(
+                    KEPT_FSDP1, f"model may be FSDP1: the FSDP(...) in {where(staying)} stays; convert that first"
+                )
+
+    def cited(why) -> str:
+        """A use holding a model back, as the report prints it: its code (the denial's, if it is denied), its file."""
+        if isinstance(why, str):
+            return why
+        path, key = why
+        denial = denials.get(why)
+        return f"{denial.code if denial is not None else key[1]} in {path}"
+
     verdicts: dict[str, Verdict] = {}
-    first_kept = min(kept or kept_for_uses) if kept or kept_for_uses else None  # a root cause first
     builds_fsdp1 = any(f.imports_fsdp1 or f.constructors for f in facts)
     for file in facts:
         verdict = Verdict(
@@ -202,27 +254,12 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             site = (file.path, position)
             blocker = cause.get(find(site))
             if converts and blocker in held:
-                verdict.blocked[position] = f"its model has a use that stays FSDP1 ({held[blocker]})"
+                verdict.blocked[position] = f"its model has a use that stays FSDP1 ({cited(held[blocker])})"
             elif converts and blocker in escaping:
-                verdict.blocked[position] = f"its model may reach FSDP1 code that stays ({escaping[blocker]})"
+                verdict.blocked[position] = f"its model may reach FSDP1 code that stays ({cited(escaping[blocker])})"
             elif converts and blocker is not None:
                 verdict.blocked[position] = f"stays FSDP1 with the FSDP(...) in {where(blocker)}, which shares its uses"
-        for key, use in file.uses.items():
-            if key in file.staying:  # the rule refused it: its own report says why, the models it holds point to it
-                continue
-            if (file.path, key) in unfollowed:
-                verdict.denied[key] = Denial(KEPT_FSDP1, unfollowed[(file.path, key)][1])
-                continue
-            # A constructor that cannot convert first: the cause, rather than one it holds back.
-            blockers = sorted((b for b in (cause.get(find(site)) for site in use.sites) if b is not None), key=lambda b: (b not in kept, b))
-            if use.untied and first_kept is not None and not (blockers and blockers[0] in kept):
-                blockers = []  # held back only by this use itself: the cause is the model of unknown origin
-            if blockers:
-                verdict.denied[key] = Denial(BLOCKED, f"blocked: the model's FSDP(...) in {where(blockers[0])} stays FSDP1")
-            elif use.untied and first_kept is not None:
-                verdict.denied[key] = Denial(
-                    KEPT_FSDP1, f"model may be FSDP1: the FSDP(...) in {where(first_kept)} stays; convert that first"
-                )
+        verdict.denied = {key: denial for (path, key), denial in denials.items() if path == file.path}
         verdicts[file.path] = verdict
     _convert_settings(facts, verdicts, ValueFlow(remote_calls))
     return {path: verdict for path, verdict in verdicts.items() if verdict}
@@ -318,6 +355,19 @@ def _settings_read_out_of_sight(facts: list[FileFacts]) -> dict:
     return found
 
 
+def _files_reached(file: FileFacts, position, remote_calls: RemoteCalls) -> set[str] | None:
+    """The files where the model of the constructor at `position` of `file` may be used; None: anywhere."""
+    if position in file.escaping:
+        return None
+    found = {file.path}
+    for remote in file.remotes.get(position, ()):
+        reach = remote_calls.reach(file.path, remote)
+        if reach is None:
+            return None
+        found.add(reach[0])
+    return found
+
+
 def _unseen(file: FileFacts | None, reads, path: str) -> str | None:
     """The first read in `reads` ((position, attribute)) of `file` (at `path`) no rule took for an FSDP1 model's
     (one that converts or stays), for a message; None when a rule took each."""
@@ -394,8 +444,10 @@ class Gate:
         self.facts.places[position] = f"{function.name.value}()" if isinstance(function, cst.FunctionDef) else ""
         if self.verdict is None:  # a constructor that stays also ties its model's uses to it: they are blocked by it
             reach = escapes(self.ctx, node, stack)
-            if reach is None or reach.importable:
+            if reach is None or reach.escaped:
                 self.facts.escaping.add(position)
+            elif reach.importable:
+                self.facts.module_level.add(position)
             if reach is not None and reach.callees:
                 self.facts.callees[position] = reach.callees
             if reach is not None and reach.fsdp1_reads:

@@ -1,4 +1,5 @@
-"""Names other files of the program import from a module, so that the rewrite of that module keeps their imports.
+"""What other files of the program import: the names they take from a module, so that the rewrite of that module
+keeps their imports, and which modules they import at all.
 
 A module whose FSDP import goes unused once it is rewritten (`from torch.distributed.fsdp import
 FullyShardedDataParallel as FSDP` in a package's `__init__.py`, whose own constructor converted) may still
@@ -11,6 +12,7 @@ resolves a called function's module.
 
 import re
 from collections.abc import Iterable, Mapping
+from pathlib import PurePosixPath
 
 from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
 
@@ -53,6 +55,39 @@ def imported_elsewhere(dropped: Mapping[str, set[str]], sources: Mapping[str, by
 
     kept = {path: frozenset(name for name in found if needed(path, name, set())) for path, found in dropped.items()}
     return {path: found for path, found in kept.items() if found}
+
+
+_IMPORT = re.compile(rb"^[ \t]*import[ \t]+([^\n#;]*)", re.M)
+_DYNAMIC = re.compile(rb"import_module|__import__|\brunpy\b|spec_from_file_location")
+
+
+def imported_modules(sources: Mapping[str, bytes], remote_calls: RemoteCalls) -> set[str]:
+    """The program's files another file imports (`import a.b`, `from a import b`, `from . import b`, and the
+    packages on the way); a file importing by a string (`importlib.import_module`) imports every module whose
+    name it spells. A module-level model of a file nothing imports is seen only by its own file."""
+    found: set[str] = set()
+    by_name: dict[str, list[str]] = {}  # a module's own name (its package's, for an `__init__`) -> its files
+    for path in sources:
+        module = PurePosixPath(path)
+        by_name.setdefault(module.parent.name if module.stem == "__init__" else module.stem, []).append(path)
+    for importer, data in sources.items():
+        if b"import" not in data:
+            continue
+        modules = []
+        for module, listed in _from_imports(data):
+            modules.append(module)
+            joint = module if module.endswith(".") else module + "."
+            modules += [joint + name for name in listed if name != "*"]
+        for line in _IMPORT.findall(data):
+            for item in line.decode("utf-8", "replace").split(","):
+                module = item.split(" as ")[0].strip()
+                modules += [".".join(module.split(".")[: i + 1]) for i in range(module.count(".") + 1)]
+        for module in modules:
+            found.update(path for path in remote_calls.module_paths(importer, module) if path != importer)
+        if _DYNAMIC.search(data):
+            for word in set(re.findall(rb"\w+", data)):
+                found.update(path for path in by_name.get(word.decode("utf-8", "replace"), ()) if path != importer)
+    return found
 
 
 def _from_imports(data: bytes) -> Iterable[tuple[str, set[str]]]:
