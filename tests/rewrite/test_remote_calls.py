@@ -122,9 +122,11 @@ def main():
 
 KEEPS_FSDP1 = b'''from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+from train import save
+
 
 def build(module, pick, name):
-    return FSDP(module, **pick(name))
+    return save(FSDP(module, **pick(name)))
 '''
 
 
@@ -147,3 +149,30 @@ def test_clipping_in_a_file_that_names_no_fsdp_is_never_left_silently():
     assert "return FSDP(model)" in held["wrap.py"] and "MF205" in held["train.py"]
     converted = _rewrite({"wrap.py": SETUP, "train.py": CLIPS})
     assert "fully_shard(model)" in converted["wrap.py"] and "clip_grad_norm_(model.parameters(), 1.0)" in converted["train.py"]
+
+
+COMMON = b'''import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+
+def setup_model():
+    return FSDP(torch.nn.Linear(4, 1), device_id=torch.device("cpu"))
+
+
+def build():
+    model = setup_model()
+    return model
+'''
+TRAINS = b"import torch\n\nfrom common import setup_model\n\nmodel = setup_model()\nmodel.clip_grad_norm_(1.0)\n"
+
+
+def test_a_factorys_model_is_followed_to_its_callers_in_files_naming_no_fsdp():
+    """`export.py` names no FSDP and reads FSDP1's `world_size` on the model `setup_model()` returns: an
+    AttributeError on an FSDP2 model, so the factory stays FSDP1 (it converted, with the read left, before)."""
+    export = b"from common import build\n\nmodel = build()\nprint(model.world_size)\n"
+    held = _rewrite({"common.py": COMMON, "train.py": TRAINS, "export.py": export})
+    assert "return FSDP(" in held["common.py"] and "model.clip_grad_norm_(1.0)" in held["train.py"]
+    assert held["export.py"] == export.decode()
+    export = b"import torch\n\nfrom common import build\n\nmodel = build()\nprint(model(torch.ones(1, 4)))\n"
+    converted = _rewrite({"common.py": COMMON, "train.py": TRAINS, "export.py": export})
+    assert "fully_shard(" in converted["common.py"] and "clip_grad_norm_(model.parameters(), 1.0)" in converted["train.py"]

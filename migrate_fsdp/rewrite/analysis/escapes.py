@@ -60,7 +60,8 @@ class Reach:
 
     callees: frozenset = frozenset()
     remotes: frozenset = frozenset()
-    returns: bool = False  # the function may hand the model back (`return model`, `return m.module if ... else m`)
+    returns: bool = False  # the function may hand the model back (`return model`, `return m.module if ... else m`);
+    # for a constructor's model: a module-level function returns it, its callers follow it (factory_callers.py)
     importable: bool = False  # a module-level model: a file importing its module reaches it too
     escaped: bool = False  # a module-level model that also goes out of sight in its module (what is in sight is listed)
     fsdp1_reads: frozenset = frozenset()  # (position, attribute) of each FSDP1 surface read of the model (FSDP1_SURFACE)
@@ -83,6 +84,8 @@ def escapes(ctx, call: cst.Call, stack) -> Reach | None:
     statement = parents[-1]
     if isinstance(statement, cst.Expr):
         return Reach()  # `FSDP(m)` as a statement: only the module object `m` lives on, seen where `m` is
+    if isinstance(statement, cst.Return) and statement.value is call:
+        return Reach(returns=True) if factory(parents) is not None else None
     if not (isinstance(statement, cst.Assign) and statement.value is call and len(statement.targets) == 1):
         return None  # returned, passed on, stored in a container, bound twice
     target = statement.targets[0].target
@@ -102,11 +105,21 @@ def escapes(ctx, call: cst.Call, stack) -> Reach | None:
     remotes: set[Remote] = set()
     fsdp1_reads: list = []
     makes_models = ctx.matches(call.func, "functools.partial")  # a factory: each call of it builds a model
+    returned = [] if factory(parents) is not None and not makes_models else None  # its callers follow it on
     try:
-        _follow(ctx, function, target, callees, seen={}, remotes=remotes, makes_models=makes_models, fsdp1_reads=fsdp1_reads)
+        _follow(ctx, function, target, callees, seen={}, remotes=remotes, makes_models=makes_models, returned=returned, fsdp1_reads=fsdp1_reads)
     except Escape:
         return None
-    return Reach(frozenset(callees), frozenset(remotes), fsdp1_reads=_positions(ctx, fsdp1_reads))
+    return Reach(frozenset(callees), frozenset(remotes), returns=bool(returned), fsdp1_reads=_positions(ctx, fsdp1_reads))
+
+
+def factory(parents) -> str | None:
+    """The name of the module-level, undecorated function holding what `parents` lead to (its callers can be found
+    by name), if that is where it is."""
+    functions = [n for n in parents if isinstance(n, (cst.FunctionDef, cst.ClassDef, cst.Lambda))]
+    if len(functions) != 1 or not isinstance(functions[0], cst.FunctionDef) or functions[0].decorators:
+        return None
+    return functions[0].name.value
 
 
 def _positions(ctx, nodes) -> frozenset:

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.analysis.escapes import escapes
+from migrate_fsdp.rewrite.analysis.escapes import Reach, escapes, factory
+from migrate_fsdp.rewrite.analysis.factory_callers import factory_callers
 from migrate_fsdp.rewrite.analysis.guards import checked_instance
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
@@ -64,6 +65,8 @@ class FileFacts:
     constructors: dict = field(default_factory=dict)  # Position -> converts on its own
     places: dict = field(default_factory=dict)  # constructor Position -> the function holding it, for messages
     escaping: set = field(default_factory=set)  # constructors whose model may reach code out of the file's sight
+    factories: dict = field(default_factory=dict)  # constructor Position -> the module-level function returning its
+    # model (its callers are followed: factory_callers.py)
     module_level: set = field(default_factory=set)  # constructors of module-level models followed in the file: they
     # escape only if another file imports the module (decide)
     callees: dict = field(default_factory=dict)  # constructor Position -> functions of the file it is handed to
@@ -147,11 +150,11 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     if sources is None:  # what imports what is unknown: any module-level model may be imported
         imported = {f.path for f in facts}
     else:
-        imported = imported_modules(sources, remote_calls) if any(f.module_level for f in facts) else set()
+        imported = imported_modules(sources, remote_calls) if any(f.module_level or f.factories for f in facts) else set()
     for file in facts:
         if file.path in imported:
             file.escaping |= file.module_level
-    unseen_reads = _tie_handed_on(facts, remote_calls)
+    unseen_reads, reaches = _tie_handed_on(facts, remote_calls, sources, imported)
     adopted = _adopt_unsure_receivers(facts, sources or {})
     for file in facts:
         for use in file.uses.values():
@@ -184,7 +187,6 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     untied_staying = sorted(f"{use.code} in {f.path}" for f in facts for use in f.staying.values() if reachable(use))
     # An FSDP1 model that stays may meet a use on a model of unknown origin anywhere if it leaves the program's
     # sight; one the program follows meets only uses in the files it reaches (its own, those it is handed to).
-    reaches = {(f.path, p): _files_reached(f, p, remote_calls) for f in facts for p in f.constructors}
     escaping = {}  # a constructor that converts but whose model may meet an untied use that stays -> that use
 
     def staying_model(path: str):
@@ -208,8 +210,8 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             break
         held.update(more)
     kept_for_uses = set(held) | set(escaping)
-    cause = {}  # component root -> the first constructor in it that cannot convert
-    for site in sorted(kept | kept_for_uses):
+    cause = {}  # component root -> the first constructor in it that cannot convert, else the first held back
+    for site in sorted(kept | kept_for_uses, key=lambda site: (site not in kept, site)):
         cause.setdefault(find(site), site)
     denials = {}
     for file in facts:
@@ -355,19 +357,6 @@ def _settings_read_out_of_sight(facts: list[FileFacts]) -> dict:
     return found
 
 
-def _files_reached(file: FileFacts, position, remote_calls: RemoteCalls) -> set[str] | None:
-    """The files where the model of the constructor at `position` of `file` may be used; None: anywhere."""
-    if position in file.escaping:
-        return None
-    found = {file.path}
-    for remote in file.remotes.get(position, ()):
-        reach = remote_calls.reach(file.path, remote)
-        if reach is None:
-            return None
-        found.add(reach[0])
-    return found
-
-
 def _unseen(file: FileFacts | None, reads, path: str) -> str | None:
     """The first read in `reads` ((position, attribute)) of `file` (at `path`) no rule took for an FSDP1 model's
     (one that converts or stays), for a message; None when a rule took each."""
@@ -376,13 +365,17 @@ def _unseen(file: FileFacts | None, reads, path: str) -> str | None:
     return f"`.{missed[0][1]}` of it at {path}:{missed[0][0][0]}" if missed else None
 
 
-def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> dict:
-    """Every use's `sites`: the constructors of its file whose model reaches it, and those handing their model
-    to the function holding it, in the same file or from another module (whose call escapes otherwise).
+def _tie_handed_on(
+    facts: list[FileFacts], remote_calls: RemoteCalls, sources: Mapping[str, bytes] | None, imported: set[str]
+) -> tuple[dict, dict]:
+    """Every use's `sites`: the constructors of its file whose model reaches it, those handing their model to the
+    function holding it, in the same file or from another module, and those whose model a factory function
+    returns to it (factory_callers.py). A constructor whose model goes out of sight on the way escapes.
 
-    Returns the constructors whose model has FSDP1's surface read (its state dict, `.module`, `.world_size`, ...)
-    where no rule took it for an FSDP1 model's (a module naming no FSDP, a parameter of unknown origin): site ->
-    where. FSDP2 would answer otherwise there (shards) or fail (no such attribute)."""
+    Returns (unseen, reached). unseen: the constructors whose model has FSDP1's surface read (its state dict,
+    `.module`, `.world_size`, ...) where no rule took it for an FSDP1 model's (a module naming no FSDP, a parameter
+    of unknown origin): site -> where; FSDP2 would answer otherwise there (shards) or fail (no such attribute).
+    reached: site -> the files its model may be used in; None: anywhere (it escapes)."""
     by_path = {f.path: f for f in facts}
     for file in facts:
         for table in (file.uses, file.staying):
@@ -396,25 +389,46 @@ def _tie_handed_on(facts: list[FileFacts], remote_calls: RemoteCalls) -> dict:
                 if use.function in functions:
                     table[key] = replace(use, sites=use.sites | {site})
 
-    unseen = {}
-    for file in facts:
-        for position, reads in file.fsdp1_reads.items():
-            missed = _unseen(file, reads, file.path)
+    unseen: dict = {}
+    reached: dict = {}
+
+    def follow(site, path: str, reach: Reach) -> bool:
+        """Ties what the model of `site` reaches from `path` to it; False when it goes out of sight."""
+        steps = [(path, reach)]
+        for remote in sorted(reach.remotes, key=repr):
+            found = remote_calls.reach(path, remote)
+            if found is None:
+                return False
+            steps.append(found)
+        for where, step in steps:
+            tie(where, step.callees, site)
+            reached[site].add(where)
+            missed = _unseen(by_path.get(where), step.fsdp1_reads, where)
             if missed:
-                unseen[(file.path, position)] = missed
-        for position, callees in file.callees.items():
-            tie(file.path, callees, (file.path, position))
-        for position, remotes in file.remotes.items():
-            reached = [remote_calls.reach(file.path, remote) for remote in sorted(remotes, key=repr)]
-            if any(r is None for r in reached):
+                unseen.setdefault(site, missed)
+        return True
+
+    for file in facts:
+        for position in file.constructors:
+            site = (file.path, position)
+            reached[site] = set()
+            own = Reach(file.callees.get(position, frozenset()), file.remotes.get(position, frozenset()))
+            own = replace(own, fsdp1_reads=file.fsdp1_reads.get(position, frozenset()))
+            if not follow(site, file.path, own):
                 file.escaping.add(position)
-                continue
-            for path, reach in reached:
-                tie(path, reach.callees, (file.path, position))
-                missed = _unseen(by_path.get(path), reach.fsdp1_reads, path)
-                if missed:
-                    unseen[(file.path, position)] = missed
-    return unseen
+            name = file.factories.get(position)
+            if name is not None and position not in file.escaping:
+                callers = factory_callers(remote_calls, sources, file.path, name) if sources is not None else None
+                for path, function, reach in callers if callers is not None else ():
+                    tie(path, {function}, site)  # the caller's own uses of the model it gets
+                    if reach.importable and path in imported or not follow(site, path, reach):
+                        callers = None
+                        break
+                if callers is None:
+                    file.escaping.add(position)
+            if position in file.escaping:
+                reached[site] = None
+    return unseen, reached
 
 
 class Gate:
@@ -448,6 +462,8 @@ class Gate:
                 self.facts.escaping.add(position)
             elif reach.importable:
                 self.facts.module_level.add(position)
+            elif reach.returns:
+                self.facts.factories[position] = factory(stack)
             if reach is not None and reach.callees:
                 self.facts.callees[position] = reach.callees
             if reach is not None and reach.fsdp1_reads:
