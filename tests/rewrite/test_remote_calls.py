@@ -176,3 +176,23 @@ def test_a_factorys_model_is_followed_to_its_callers_in_files_naming_no_fsdp():
     export = b"import torch\n\nfrom common import build\n\nmodel = build()\nprint(model(torch.ones(1, 4)))\n"
     converted = _rewrite({"common.py": COMMON, "train.py": TRAINS, "export.py": export})
     assert "fully_shard(" in converted["common.py"] and "clip_grad_norm_(model.parameters(), 1.0)" in converted["train.py"]
+
+
+def test_an_fsdp1_read_is_found_where_the_model_also_goes_out_of_sight():
+    """open_lm's shape: the model is handed to a helper of its file loading a state dict no rule took for FSDP1's,
+    and to a library: the read holds the model FSDP1 whatever else it reaches (it was lost once)."""
+    source = b'''import torch
+import wandb
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+
+def load(model, sd):
+    model.load_state_dict(sd)
+
+
+def main(sd):
+    model = FSDP(torch.nn.Linear(2, 2))
+    load(model, sd)
+    wandb.watch(model)
+'''
+    assert "model = FSDP(torch.nn.Linear(2, 2))" in _rewrite({"train.py": source})["train.py"]

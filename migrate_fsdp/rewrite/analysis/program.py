@@ -394,19 +394,14 @@ def _tie_handed_on(
 
     def follow(site, path: str, reach: Reach) -> bool:
         """Ties what the model of `site` reaches from `path` to it; False when it goes out of sight."""
-        steps = [(path, reach)]
-        for remote in sorted(reach.remotes, key=repr):
-            found = remote_calls.reach(path, remote)
-            if found is None:
-                return False
-            steps.append(found)
-        for where, step in steps:
+        found = [remote_calls.reach(path, remote) for remote in sorted(reach.remotes, key=repr)]
+        for where, step in [(path, reach), *(f for f in found if f is not None)]:
             tie(where, step.callees, site)
             reached[site].add(where)
             missed = _unseen(by_path.get(where), step.fsdp1_reads, where)
             if missed:
                 unseen.setdefault(site, missed)
-        return True
+        return None not in found
 
     for file in facts:
         for position in file.constructors:
