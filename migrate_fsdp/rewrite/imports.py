@@ -385,26 +385,31 @@ def _fsdp_import_guard(body: list):
     return None
 
 
-def _import_position(body: list, package: str | None = None) -> int:
+def _import_position(body: list, package: str | None = None, module: str | None = None) -> int:
     """Where a new import line goes: before the first FSDP import (or, for `import package`, the first
-    import from inside that package), else after the header's imports."""
-    last_import = None
+    import from inside that package), else after the header's last import of `module`'s package, else
+    after the header's imports."""
+    last_import = same_package = None
     for index, statement in enumerate(body):
         if is_import_line(statement):
             inside = package is not None and any(m.startswith(package + ".") for m in imported_modules(statement))
             if inside or _is_fsdp_import(statement):
                 return index
             last_import = index
+            if module is not None and _package(_first_module(statement)) == _package(module):
+                same_package = index
         elif not is_docstring(statement) and last_import is not None:
             break
+    if same_package is not None:
+        return same_package + 1
     if last_import is not None:
         return last_import + 1
     return 1 if body and is_docstring(body[0]) else 0
 
 
 def _insert_import(body: list, line, package: str | None = None) -> None:
-    position = _import_position(body, package)
     module = _from_module(line)
+    position = _import_position(body, package, module)
     new_section = False
     if module is not None and _is_stdlib(module):
         position = _stdlib_position(body, position)
@@ -475,12 +480,12 @@ def _sorted_position(body: list, position: int, module: str) -> int:
     (a formatter run afterwards then leaves the line where it is)."""
     start = position
     while position > 0 and (_from_module(body[position - 1]) or "") > module:
-        if position < len(body) and _starts_block(body[position]):
-            break
         position -= 1
+        if _starts_block(body[position]):
+            break  # now first of that line's section: further up is another section
     if position != start:
         return position
-    while position < len(body) and (_from_module(body[position]) or module) < module:
+    while position < len(body) and _package(_from_module(body[position]) or "") == _package(module) and _from_module(body[position]) < module:
         if position + 1 < len(body) and _starts_block(body[position + 1]):
             return position + 1
         position += 1

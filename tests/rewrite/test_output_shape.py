@@ -5,7 +5,8 @@ import textwrap
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.api import rewrite_source
+from migrate_fsdp.rewrite.api import ParsedFile, rewrite_program, rewrite_source
+from migrate_fsdp.rewrite.selection import Selection
 
 
 def rewrite(source: str) -> str:
@@ -242,4 +243,37 @@ def test_new_imports_take_their_isort_places():
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard"""
+    )
+
+
+def test_a_new_import_joins_its_packages_section_not_the_projects_own():
+    """No FSDP import to stand in for: a torch import goes after the file's last torch line, sorted among the
+    `from torch...` lines there, not below the project's own section (`from common import ...`)."""
+    common = b"import torch\nfrom torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n\n\ndef setup_model():\n    return FSDP(torch.nn.Linear(2, 1))\n"
+    train = textwrap.dedent(
+        """\
+        import torch
+        import torch.distributed as dist
+        from torch.nn.utils import parametrize
+
+        from common import setup_model
+
+        model = setup_model()
+        print(model.clip_grad_norm_(1.0), parametrize, dist)
+        """
+    )
+    selection = Selection.from_prefixes(None, None)
+    files = {"common.py": common, "train.py": train.encode()}
+    results = rewrite_program([ParsedFile(data, path, selection, True) for path, data in files.items()], files)
+    out = next(r for r in results if r.path == "train.py").new_source.decode()
+    assert out.startswith(
+        textwrap.dedent(
+            """\
+            import torch
+            import torch.distributed as dist
+            from torch.distributed.tensor import DTensor
+            from torch.nn.utils import clip_grad_norm_, parametrize
+
+            from common import setup_model"""
+        )
     )

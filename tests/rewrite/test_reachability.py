@@ -27,7 +27,7 @@ from torch.distributed.fsdp import StateDictType
 
 
 def save(model):
-    torch.save(model.state_dict(), "m.pt")
+    torch.save(model, "m.pt")  # pickles the module: no FSDP1 read (its state dict would hold the model FSDP1)
 
 %s
 def load_local(model):
