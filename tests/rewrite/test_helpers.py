@@ -9,6 +9,7 @@ import libcst as cst
 import pytest
 import torch
 from torch import nn
+from torch.distributed.fsdp import StateDictType
 from torch.distributed.fsdp.wrap import CustomPolicy, size_based_auto_wrap_policy
 
 from migrate_fsdp.rewrite.helpers import helper_source
@@ -52,6 +53,7 @@ def test_the_rewrite_uses_every_helper_file():
         optim_state_dict.LATER_HELPER,
         optim_state_dict.UNSHARED_HELPER,
         state_dicts.GATHER_HELPER_NAME,
+        state_dicts.FULL_KIND_HELPER,
         parameters_after_forward.HELPER_NAME,
     }
     assert used == set(NAMES)
@@ -275,3 +277,15 @@ def test_unshared_steps_give_each_parameter_its_own_step_and_keep_the_rest():
     assert unshared["state"]["a"]["step"].item() == 5.0 and unshared["state"]["a"]["exp_avg"] is moment
     assert unshared["param_groups"] is saved["param_groups"] and saved["state"]["a"]["step"] is step
     assert helper("fsdp1_unshared_steps")(None) is None and helper("fsdp1_unshared_steps")({}) == {}
+
+
+@pytest.mark.parametrize(
+    "kind, full", [("FULL_STATE_DICT", True), ("SHARDED_STATE_DICT", False), (StateDictType.FULL_STATE_DICT, True)]
+)
+def test_full_state_dict_reads_fsdp1s_type_as_a_member_or_its_name(kind, full):
+    assert helper("_fsdp1_full_state_dict")(kind) is full
+
+
+def test_full_state_dict_refuses_local_state_dict_when_it_runs():
+    with pytest.raises(ValueError, match="no FSDP2 form"):
+        helper("_fsdp1_full_state_dict")(StateDictType.LOCAL_STATE_DICT)

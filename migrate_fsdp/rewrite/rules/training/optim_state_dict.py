@@ -315,11 +315,11 @@ class OptimStateDict(UsesStateDictPlan):
         state = build.helper_call(UNSHARED_HELPER, [self._arg(original, updated, bound, "optim_state_dict")], None)
         if mode == "later":
             args = [self._arg(original, updated, bound, name) for name in ("model", "optim")] + [state]
-            options = build.options(full_state_dict=kind == FULL, broadcast_from_rank0=broadcast)
+            options = build.options(full_state_dict=build.full_state_dict(kind), broadcast_from_rank0=broadcast)
             return build.helper_call(LATER_HELPER, args, options)
         model = self._arg(original, updated, bound, "model")
         optim_node = self._arg(original, updated, bound, "optim") if "optim" in bound else optim
-        options = build.options(full_state_dict=kind == FULL, broadcast_from_rank0=broadcast)
+        options = build.options(full_state_dict=build.full_state_dict(kind), broadcast_from_rank0=broadcast)
         call = build.call("set_optimizer_state_dict", [model, optim_node, state], options)
         if mode == "nested":
             outer = stack[-3]

@@ -23,7 +23,6 @@ from migrate_fsdp.rewrite.rules.training.base import code_of
 from migrate_fsdp.rewrite.rules.training.state_dicts import (
     ADVICE,
     DEFAULT_SETTINGS,
-    FULL,
     Builder,
     UsesStateDictPlan,
     model_state_call,
@@ -154,7 +153,7 @@ class StateDictType(UsesStateDictPlan):
             return updated
         model = updated.func.value
         build = Builder(self.ctx)
-        full = settings.kind == FULL
+        full = build.full_state_dict(settings.kind)
         what, strict = shape
         if what == "save":
             return build.get("get_model_state_dict", [model], settings.kind, settings.model_offload, settings.model_rank0)

@@ -90,10 +90,22 @@ _CONFIGS = {
 
 
 @dataclass(frozen=True)
-class Settings:
-    """The state-dict type in force and its configs' flags: each True, False, or an expression read at run time."""
+class RunTimeKind:
+    """A state-dict type known only at run time (`cfg.checkpoint_type`), read again where each state dict is
+    taken: FULL or SHARDED there (a helper raises on LOCAL, which has no FSDP2 form)."""
 
-    kind: str = FULL
+    value: cst.BaseExpression
+
+
+FULL_KIND_HELPER = "_fsdp1_full_state_dict"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The state-dict type in force (a kind, or RunTimeKind) and its configs' flags: each True, False, or an
+    expression read at run time."""
+
+    kind: str | RunTimeKind = FULL
     model_offload: object = False
     model_rank0: object = False
     optim_offload: object = True
@@ -181,7 +193,7 @@ class StateDictPlan:
         for name in ("state_dict_config", "optim_state_dict_config"):
             if name in bound and isinstance(bound[name].value, cst.Name) and bound[name].value.value != "None":
                 context.config_names.append(bound[name].value)
-        settings, failure = self._settings_of(bound)
+        settings, failure = self._settings_of(bound, region if method == "state_dict_type" else None)
         context.settings = settings
         if failure is None and not context.model:
             failure = "the model is not a plain name or attribute chain"
@@ -224,10 +236,14 @@ class StateDictPlan:
             return line, body[index + 1 :]
         return None, []
 
-    def _settings_of(self, bound) -> tuple[Settings | None, str | None]:
-        kind = self._type_of(bound["state_dict_type"].value)
+    def _settings_of(self, bound, block=None) -> tuple[Settings | None, str | None]:
+        """The settings of a context, `block` the body of a `with` one (where a type known only at run time is
+        read again)."""
+        value = bound["state_dict_type"].value
+        kind = self._type_of(value)
         if kind is None:
-            return None, "the state-dict type is not a `StateDictType.` member written out"
+            problem = self._run_time_kind(value, bound, block)
+            return (Settings(RunTimeKind(value)), None) if problem is None else (None, problem)
         if kind == LOCAL:  # a block that takes no state dict of the model is only dropped (see _context)
             return Settings(LOCAL), None
         values = {"model": (False, False), "optim": (True, False)}
@@ -244,6 +260,25 @@ class StateDictPlan:
             values["optim" if for_optim else "model"] = (offload, rank0)
         (model_offload, model_rank0), (optim_offload, optim_rank0) = values["model"], values["optim"]
         return Settings(kind, model_offload, model_rank0, optim_offload, optim_rank0), None
+
+    def _run_time_kind(self, value, bound, block) -> str | None:
+        """Why the type, not a member written out, cannot be read again where each state dict of the block is
+        taken, if it cannot: it must be a plain name or attribute chain (`cfg.checkpoint_type`) of a `with`
+        block that does not rebind it, given without configs (FSDP1 raises where a config's type is not the
+        type in force, which only the run knows)."""
+        problem = "the state-dict type is not a `StateDictType.` member written out"
+        if block is None:
+            return f"{problem}, and `FSDP.set_state_dict_type` keeps it for code out of this block"
+        if not dotted(value) or self.ctx.fsdp1_names(value):
+            return f"{problem} nor a name or attribute chain to read again where each state dict is taken"
+        if any(not _is_none(bound[name].value) for name in ("state_dict_config", "optim_state_dict_config") if name in bound):
+            return f"{problem}, and a config goes with it (FSDP1 raises where their types differ, known only at run time)"
+        root = chain_root(value)
+        for node, _ in walk(*block):
+            targets = node.targets if isinstance(node, cst.Assign) else [node] if isinstance(node, (cst.AugAssign, cst.AnnAssign)) else []
+            if any(chain_root(t.target) == root for t in targets):
+                return f"{problem}, and the block assigns `{root}`, which FSDP2's calls would read again"
+        return None
 
     def _type_of(self, node) -> str | None:
         for kind in (FULL, SHARDED, LOCAL):
@@ -588,13 +623,28 @@ class Builder:
         ]
         return cst.Call(func=cst.Name(helper), args=_commas([cst.Arg(sharded), *flags]))
 
-    def get(self, function: str, args: list, kind: str, offload: bool, rank0: bool) -> cst.Call:
+    def get(self, function: str, args: list, kind, offload, rank0) -> cst.BaseExpression:
+        if isinstance(kind, RunTimeKind):  # FULL or SHARDED, as the state-dict type read again here says
+            full, sharded = self.get(function, args, FULL, offload, rank0), self.get(function, args, SHARDED, offload, rank0)
+            if full.deep_equals(self.call(function, args, self.options(full_state_dict=True, cpu_offload=offload))):
+                return self.call(function, args, self.options(full_state_dict=self.full_state_dict(kind), cpu_offload=offload))
+            return cst.IfExp(test=self.full_state_dict(kind), body=full, orelse=sharded)
         if kind == FULL:
             return self.get_full(function, args, offload, rank0)
         return self.call(function, args, self.options(cpu_offload=offload))
 
+    def full_state_dict(self, kind) -> bool | cst.BaseExpression:
+        """StateDictOptions' `full_state_dict` for a kind: the helper's answer where it is known only at run time."""
+        if isinstance(kind, RunTimeKind):
+            return cst.Call(cst.Name(self.ctx.add_helper(FULL_KIND_HELPER)), [cst.Arg(kind.value.deep_clone())])
+        return kind == FULL
+
 
 _NO_SPACE_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
+def _is_none(node) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
 
 
 def _holders(model: str | None) -> set[str]:
