@@ -61,6 +61,12 @@ _READ_FUNCTIONS = frozenset(
         "torch.save", "torch.linalg.vector_norm", "torch.linalg.norm", "torch.isfinite", "torch.isnan",
     }
 )
+# In-place changes each element of a parameter gets from itself and numbers alone: done on each rank's shard of
+# FSDP2's DTensor, they give what FSDP1 wrote back from the full parameter (random initialisers do not: the shard
+# draws other numbers).
+_ELEMENTWISE_WRITES = frozenset({"zero_", "fill_", "mul_", "div_", "add_", "sub_", "clamp_", "clamp_min_", "clamp_max_"})
+# What a DTensor answers as the full parameter did.
+_METADATA = frozenset({"shape", "dtype", "ndim", "dim", "size", "numel", "requires_grad"})
 _ITERATORS = ("parameters", "named_parameters")
 # Around a comprehension, these may keep some ranks from gathering.
 _CONDITIONAL = (cst.IfExp, cst.BooleanOperation, cst.Lambda, cst.CompFor, cst.If, cst.For, cst.While, cst.Try, cst.FunctionDef)
@@ -80,6 +86,7 @@ class SummonFullParams(RemovesStatements):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._plans: dict[int, tuple] = {}  # id(With) -> (item index, {id(loop): offload_to_cpu})
+        self._writing: set[int] = set()  # ids of loops that only change parameters element by element: they stay
 
     def visit_With(self, node: cst.With) -> None:
         for index, item in enumerate(node.items):
@@ -128,21 +135,24 @@ class SummonFullParams(RemovesStatements):
         model = dotted(bound["module"].value)
         if not model or isinstance(with_node.body, cst.SimpleStatementSuite):
             return "the block is not a plain loop over the model's parameters", None
-        loops = {}
+        loops, used = {}, False
         for statement in with_node.body.body:
             for node, parents in walk(statement):
                 if dotted(node) != model or not isinstance(node, (cst.Name, cst.Attribute)):
                     continue
-                problem = self._check_use(statement, node, parents)
+                problem = self._check_use(statement, node, parents, options["writeback"])
                 if problem is not None:
                     return problem, None
-                loops[id(parents[-3])] = options["offload_to_cpu"]
-        if not loops:
+                used = True
+                if id(parents[-3]) not in self._writing:
+                    loops[id(parents[-3])] = options["offload_to_cpu"]
+        if not used:
             return "the block does not read the model's parameters", None
         return None, loops
 
-    def _check_use(self, statement, node, parents) -> str | None:
-        """A use of the model in the block: only `for ... in model.(named_)parameters()` read-only loops pass."""
+    def _check_use(self, statement, node, parents, writeback: bool) -> str | None:
+        """A use of the model in the block: only `for ... in model.(named_)parameters()` loops that read the
+        parameters, or (with writeback) change them element by element, pass."""
         attribute = parents[-1] if parents else None
         call = parents[-2] if len(parents) >= 2 else None
         loop = parents[-3] if len(parents) >= 3 else None
@@ -154,11 +164,17 @@ class SummonFullParams(RemovesStatements):
         ):
             return "the block uses the model other than in a loop over its parameters"
         named = attribute.attr.value == "named_parameters"
-        if isinstance(loop, cst.For) and loop.iter is call and loop is statement:
+        if isinstance(loop, cst.For) and loop.iter is call and _at_top(loop, statement, self.ctx):
             target = _parameter_target(loop.target, named)
             if target is None or isinstance(loop.body, cst.SimpleStatementSuite):
                 return "the loop target is not `p` / `name, p`"
-            return self._check_reads(loop.body, target, allow_exit=False)
+            problem = self._check_reads(loop.body, target, allow_exit=False)
+            if problem is None or not self._writes_in_place(loop.body, target):
+                return problem
+            if not writeback:
+                return f"`{target}` is changed where FSDP1 threw the changes away (writeback=False)"
+            self._writing.add(id(loop))  # no gathering: each rank changes its shard, the summon goes
+            return None
         if isinstance(loop, cst.CompFor) and loop.iter is call:
             comprehension = parents[-4]
             target = _parameter_target(loop.target, named)
@@ -175,6 +191,31 @@ class SummonFullParams(RemovesStatements):
             if isinstance(node, cst.Name) and node.value == target and not self._is_read(node, parents):
                 return f"`{target}` may be changed or kept (writes are not written back by FSDP2)"
         return None
+
+    def _writes_in_place(self, body, target: str) -> bool:
+        """`target` is only changed element by element with numbers (`p.zero_()`, `p.mul_(0.5)`) and otherwise
+        only asked what a DTensor answers as the full parameter did (`p.ndim`, `p.shape`)."""
+        writes = 0
+        for node, parents in walk(body):
+            if not (isinstance(node, cst.Name) and node.value == target):
+                continue
+            parent = parents[-1] if parents else None
+            if not (isinstance(parent, cst.Attribute) and parent.value is node):
+                return False  # its values read (a shard's, here): `print(p)`, `p > 0`, `torch.isnan(p)`
+            if parent.attr.value in _METADATA:
+                continue
+            if not _elementwise_chain(parents[:-1], parent):
+                return False
+            writes += 1
+        return writes > 0
+
+    @staticmethod
+    def _first_statement(body: list):
+        """The first statement `body` runs, looking into a leading `with torch.no_grad():`."""
+        first = body[0] if body else None
+        while isinstance(first, cst.With) and isinstance(first.body, cst.IndentedBlock) and first.body.body:
+            first = first.body.body[0]
+        return first
 
     def _is_read(self, node, parents) -> bool:
         parent = parents[-1] if parents else None
@@ -232,7 +273,11 @@ class SummonFullParams(RemovesStatements):
             return updated
         call = updated.items[plan[0]].item
         model = next(arg.value for arg in call.args if arg.keyword is None or arg.keyword.value == "module")
-        body = updated.body.with_changes(body=[*self._resharded(original, model), *updated.body.body])
+        resharded = self._resharded(original, model)
+        first = self._first_statement(updated.body.body)
+        if first is not None and first.deep_equals(resharded[0].with_changes(leading_lines=first.leading_lines)):
+            resharded = []  # resharded there already (an in-place change under no_grad is, wherever it stands)
+        body = updated.body.with_changes(body=[*resharded, *updated.body.body])
         return self.unwrap_with(updated.with_changes(body=body), plan[0])
 
     def _resharded(self, original: cst.With, model) -> list[cst.BaseStatement]:
@@ -241,6 +286,41 @@ class SummonFullParams(RemovesStatements):
         parameter back as the full-precision DTensor FSDP1 gathered."""
         helper = self.ctx.add_helper(RESHARD_HELPER)
         return statements(f"{helper}(MODEL)", MODEL=model)
+
+
+def _at_top(loop: cst.For, statement, ctx) -> bool:
+    """The loop is a statement of the block, or of a `with torch.no_grad():` that is one: every rank runs it."""
+    if loop is statement:
+        return True
+    return (
+        isinstance(statement, cst.With)
+        and all(isinstance(i.item, cst.Call) and ctx.matches(i.item.func, "torch.no_grad") for i in statement.items)
+        and isinstance(statement.body, cst.IndentedBlock)
+        and any(child is loop for child in statement.body.body)
+    )
+
+
+def _elementwise_chain(parents, attribute: cst.Attribute) -> bool:
+    """`p.mul_(0.5)` / `p.mul_(0.5).clamp_(-1, 1)` as a statement of its own: element-wise changes with numbers
+    only, whose value goes nowhere."""
+    while True:
+        call = parents[-1] if parents else None
+        if not (attribute.attr.value in _ELEMENTWISE_WRITES and isinstance(call, cst.Call) and call.func is attribute):
+            return False
+        if not all(_is_number(arg.value) and arg.star == "" for arg in call.args):
+            return False
+        outer = parents[-2] if len(parents) >= 2 else None
+        if isinstance(outer, cst.Expr):
+            return True
+        if not (isinstance(outer, cst.Attribute) and outer.value is call):
+            return False
+        attribute, parents = outer, parents[:-2]
+
+
+def _is_number(node) -> bool:
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        node = node.expression
+    return isinstance(node, (cst.Integer, cst.Float))
 
 
 def _parameter_target(target, named: bool) -> str | None:
