@@ -196,3 +196,31 @@ def main(sd):
     wandb.watch(model)
 '''
     assert "model = FSDP(torch.nn.Linear(2, 2))" in _rewrite({"train.py": source})["train.py"]
+
+
+HELPERS = b"def describe(model):\n    return type(model.module).__name__\n"
+
+
+def test_a_decorated_function_taking_the_model_hides_no_read_elsewhere():
+    """held-out round 13: `@torch.no_grad()` (followed into) or `@functools.lru_cache()` (out of sight) on another
+    function taking the model lost the `model.module` read of helpers.py, and the model converted with it left."""
+    for decorator in (b"@torch.no_grad()", b"@functools.lru_cache()"):
+        train = b'''import functools
+
+import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from helpers import describe
+
+
+%s
+def evaluate(model):
+    return model(torch.ones(2, 4)).sum().item()
+
+
+def main():
+    model = FSDP(torch.nn.Linear(4, 4), device_id=torch.device("cpu"))
+    print(describe(model), evaluate(model))
+''' % decorator
+        out = _rewrite({"train.py": train, "helpers.py": HELPERS})
+        assert "model = FSDP(torch.nn.Linear(4, 4)" in out["train.py"], decorator

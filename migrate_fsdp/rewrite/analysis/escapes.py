@@ -63,7 +63,7 @@ class Reach:
     returns: bool = False  # the function may hand the model back (`return model`, `return m.module if ... else m`);
     # for a constructor's model: a module-level function returns it, its callers follow it (factory_callers.py)
     importable: bool = False  # a module-level model: a file importing its module reaches it too
-    escaped: bool = False  # a module-level model that also goes out of sight in its module (what is in sight is listed)
+    escaped: bool = False  # the model also goes out of sight (what is in sight before that is listed)
     fsdp1_reads: frozenset = frozenset()  # (position, attribute) of each FSDP1 surface read of the model (FSDP1_SURFACE)
 
     def __bool__(self) -> bool:
@@ -106,11 +106,12 @@ def escapes(ctx, call: cst.Call, stack) -> Reach | None:
     fsdp1_reads: list = []
     makes_models = ctx.matches(call.func, "functools.partial")  # a factory: each call of it builds a model
     returned = [] if factory(parents) is not None and not makes_models else None  # its callers follow it on
+    escaped = False
     try:
         _follow(ctx, function, target, callees, seen={}, remotes=remotes, makes_models=makes_models, returned=returned, fsdp1_reads=fsdp1_reads)
     except Escape:
-        return None
-    return Reach(frozenset(callees), frozenset(remotes), returns=bool(returned), fsdp1_reads=_positions(ctx, fsdp1_reads))
+        escaped = True  # what was found in sight before still counts: an FSDP1 read there holds the model
+    return Reach(frozenset(callees), frozenset(remotes), returns=bool(returned), escaped=escaped, fsdp1_reads=_positions(ctx, fsdp1_reads))
 
 
 def factory(parents) -> str | None:
@@ -282,7 +283,21 @@ def _local_function(ctx, func) -> cst.FunctionDef | None:
     if len(assignments) != 1 or not isinstance(assignments[0].node, cst.FunctionDef):
         return None
     function = assignments[0].node
-    return None if function.decorators else function
+    return function if transparent(ctx, function) else None
+
+
+# Decorators that call the function as it is, with the same arguments: the model reaches its body.
+_TRANSPARENT = ("torch.no_grad", "torch.inference_mode", "torch.enable_grad", "torch.autograd.grad_mode.no_grad")
+
+
+def transparent(ctx, function: cst.FunctionDef) -> bool:
+    """Whether a call of `function` runs its body with the arguments given (`@torch.no_grad()`, no decorator)."""
+    for decorator in function.decorators:
+        node = decorator.decorator
+        node = node.func if isinstance(node, cst.Call) and not node.args else node
+        if not ctx.matches(node, *_TRANSPARENT):
+            return False
+    return True
 
 
 def _parameter(function: cst.FunctionDef, index: int | None, keyword: str | None) -> cst.Name | None:

@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
-from migrate_fsdp.rewrite.analysis.escapes import Reach, Remote, parameter_reach
+from migrate_fsdp.rewrite.analysis.escapes import Reach, Remote, parameter_reach, transparent
 
 
 class RemoteCalls:
@@ -79,7 +79,7 @@ class RemoteCalls:
         if ctx is None:
             return None
         function = next(
-            (s for s in ctx.module.body if isinstance(s, cst.FunctionDef) and s.name.value == name and not s.decorators),
+            (s for s in ctx.module.body if isinstance(s, cst.FunctionDef) and s.name.value == name and transparent(ctx, s)),
             None,
         )
         if function is None:
