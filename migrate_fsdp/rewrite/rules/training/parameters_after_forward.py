@@ -58,13 +58,29 @@ class ParametersAfterForward(TrainingRule):
             # resharding it is a no-op where it holds no FSDP2 module, so it needs no verdict
         done = self.ctx.facts.setdefault(self.code, set())
         key = (id(self.ctx.statement()), dotted(model) or self.ctx.code(model))
-        if key not in done:
+        if key not in done and not self._resharded_before(model):
             done.add(key)
             helper = self.ctx.add_helper(HELPER_NAME)
             current = updated.func.value if isinstance(updated.func, cst.Attribute) else model
             call = cst.Call(func=cst.Name(helper), args=[cst.Arg(current)])
             self.ctx.insert_before([cst.SimpleStatementLine([cst.Expr(call)])])
         return updated
+
+    def _resharded_before(self, model) -> bool:
+        """The statements right before this one already reshard `model` (a file rewritten before, kept for a
+        name of FSDP1's it still has): a second run adds nothing."""
+        statement = self.ctx.statement()
+        block = next((n for n in reversed(self.ctx.stack) if isinstance(n, (cst.IndentedBlock, cst.Module))), None)
+        body = list(block.body) if block is not None else []
+        index = next((i for i, s in enumerate(body) if s is statement), None)
+        wanted = self.ctx.code(model)
+        for previous in reversed(body[:index] if index is not None else []):
+            call = previous.body[0].value if isinstance(previous, cst.SimpleStatementLine) and isinstance(previous.body[0], cst.Expr) else None
+            if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value.startswith(HELPER_NAME)):
+                return False
+            if len(call.args) == 1 and self.ctx.code(call.args[0].value) == wanted:
+                return True
+        return False
 
     def _under_no_grad(self) -> bool:
         for node in self.ctx.stack:
