@@ -242,6 +242,8 @@ class StateDictPlan:
         value = bound["state_dict_type"].value
         kind = self._type_of(value)
         if kind is None:
+            if isinstance(value, cst.Subscript) and self.ctx.matches(value.value, f"{_FSDP}.StateDictType"):
+                value = _single_index(value) or value  # `StateDictType[name]`: the helper takes the name itself
             problem = self._run_time_kind(value, bound, block)
             return (Settings(RunTimeKind(value)), None) if problem is None else (None, problem)
         if kind == LOCAL:  # a block that takes no state dict of the model is only dropped (see _context)
@@ -269,15 +271,19 @@ class StateDictPlan:
         problem = "the state-dict type is not a `StateDictType.` member written out"
         if block is None:
             return f"{problem}, and `FSDP.set_state_dict_type` keeps it for code out of this block"
-        if not dotted(value) or self.ctx.fsdp1_names(value):
-            return f"{problem} nor a name or attribute chain to read again where each state dict is taken"
+        parts = [value] if not isinstance(value, cst.Subscript) else [value.value, _single_index(value)]
+        if not all(dotted(part) or isinstance(part, (cst.SimpleString, cst.Integer)) for part in parts):
+            return f"{problem} nor a name, attribute chain or item of one (`TYPES[cfg.kind]`) to read again"
+        if any(self.ctx.fsdp1_names(part) for part in parts):
+            return f"{problem} nor a name, attribute chain or item of one (`TYPES[cfg.kind]`) to read again"
         if any(not _is_none(bound[name].value) for name in ("state_dict_config", "optim_state_dict_config") if name in bound):
             return f"{problem}, and a config goes with it (FSDP1 raises where their types differ, known only at run time)"
-        root = chain_root(value)
+        roots = {chain_root(part) for part in parts} - {""}
         for node, _ in walk(*block):
             targets = node.targets if isinstance(node, cst.Assign) else [node] if isinstance(node, (cst.AugAssign, cst.AnnAssign)) else []
-            if any(chain_root(t.target) == root for t in targets):
-                return f"{problem}, and the block assigns `{root}`, which FSDP2's calls would read again"
+            rebound = next((chain_root(t.target) for t in targets if chain_root(t.target) in roots), None)
+            if rebound is not None:
+                return f"{problem}, and the block assigns `{rebound}`, which FSDP2's calls would read again"
         return None
 
     def _type_of(self, node) -> str | None:
@@ -641,6 +647,13 @@ class Builder:
 
 
 _NO_SPACE_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
+def _single_index(subscript: cst.Subscript) -> cst.BaseExpression | None:
+    """`x` of `table[x]`."""
+    if len(subscript.slice) == 1 and isinstance(subscript.slice[0].slice, cst.Index):
+        return subscript.slice[0].slice.value
+    return None
 
 
 def _is_none(node) -> bool:
