@@ -17,9 +17,9 @@ wrong, so the rewrite runs in two steps:
    whose model escapes. A use converts only if every constructor tied to
    it converts, and a use that cannot be tied to any converts only if no
    model that stays FSDP1 may reach it: none leaves the program's sight, and
-   none is used in the use's file (built there, or handed to it). Files whose first rewrite
-   assumed too much are rewritten again from the same parsed tree with the
-   verdict (`Gate`), so no file is parsed twice.
+   none is used in the use's file (built there, or handed to it). Files
+   whose first rewrite assumed too much are rewritten again from the same
+   parsed tree with the verdict (`Gate`), so no file is parsed twice.
 """
 
 import re
@@ -407,8 +407,11 @@ def _tie_handed_on(
         for position in file.constructors:
             site = (file.path, position)
             reached[site] = set()
-            own = Reach(file.callees.get(position, frozenset()), file.remotes.get(position, frozenset()))
-            own = replace(own, fsdp1_reads=file.fsdp1_reads.get(position, frozenset()))
+            own = Reach(
+                file.callees.get(position, frozenset()),
+                file.remotes.get(position, frozenset()),
+                fsdp1_reads=file.fsdp1_reads.get(position, frozenset()),
+            )
             if not follow(site, file.path, own):
                 file.escaping.add(position)
             name = file.factories.get(position)
