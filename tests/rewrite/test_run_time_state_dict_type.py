@@ -1,6 +1,6 @@
 """A state-dict type known only at run time (MF202): the rewrite saves what FSDP1 saved, FULL or SHARDED.
 
-fixtures/train/run_time_state_dict_type/fsdp1.py reads its checkpoint type from the command line into a config
+fixtures/state_dicts/run_time_type/fsdp1.py reads its checkpoint type from the command line into a config
 dataclass and takes the model and optimizer states under `FSDP.state_dict_type(model, cfg.checkpoint_type)`. Both
 versions run on 2 gloo ranks with each type; the losses and every saved tensor must be the same.
 """
@@ -14,7 +14,7 @@ from tests.support import FIXTURES, step_lines, torchrun
 
 pytestmark = pytest.mark.slow  # launches torchrun (2 gloo ranks)
 
-SCRIPT = FIXTURES / "train" / "run_time_state_dict_type" / "fsdp1.py"
+SCRIPT = FIXTURES / "state_dicts" / "run_time_type" / "fsdp1.py"
 
 
 def _tensors(value, prefix=""):
