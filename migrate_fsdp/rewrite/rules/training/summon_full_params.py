@@ -169,8 +169,14 @@ class SummonFullParams(RemovesStatements):
             if target is None or isinstance(loop.body, cst.SimpleStatementSuite):
                 return "the loop target is not `p` / `name, p`"
             problem = self._check_reads(loop.body, target, allow_exit=False)
-            if problem is None or not self._writes_in_place(loop.body, target):
-                return problem
+            if problem is None:
+                return None
+            if not self._writes_in_place(loop.body, target):
+                change = self._other_change(loop.body, target) if writeback else None
+                return problem if change is None else (
+                    f"`{change}` changes a full parameter as no shard can on its own (a random draw, a tensor "
+                    "argument): initialise before fully_shard, or load with set_model_state_dict"
+                )
             if not writeback:
                 return f"`{target}` is changed where FSDP1 threw the changes away (writeback=False)"
             self._writing.add(id(loop))  # no gathering: each rank changes its shard, the summon goes
@@ -208,6 +214,19 @@ class SummonFullParams(RemovesStatements):
                 return False
             writes += 1
         return writes > 0
+
+    def _other_change(self, body, target: str) -> str | None:
+        """The first in-place call on `target` (`p.normal_(0, 0.02)`) that is not an element-wise change with
+        numbers, as written."""
+        for node, parents in walk(body):
+            if not (isinstance(node, cst.Name) and node.value == target and parents):
+                continue
+            attribute = parents[-1]
+            call = parents[-2] if len(parents) >= 2 else None
+            if isinstance(attribute, cst.Attribute) and attribute.value is node and isinstance(call, cst.Call) and call.func is attribute:
+                if attribute.attr.value.endswith("_") and not _elementwise_chain(parents[:-1], attribute):
+                    return self.ctx.code(call)
+        return None
 
     @staticmethod
     def _first_statement(body: list):
