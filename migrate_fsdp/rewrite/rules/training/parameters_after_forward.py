@@ -75,10 +75,10 @@ class ParametersAfterForward(TrainingRule):
         index = next((i for i, s in enumerate(body) if s is statement), None)
         wanted = self.ctx.code(model)
         for previous in reversed(body[:index] if index is not None else []):
-            call = previous.body[0].value if isinstance(previous, cst.SimpleStatementLine) and isinstance(previous.body[0], cst.Expr) else None
-            if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value.startswith(HELPER_NAME)):
+            resharded = reshards(self.ctx, previous)
+            if resharded is None:
                 return False
-            if len(call.args) == 1 and self.ctx.code(call.args[0].value) == wanted:
+            if resharded == wanted:
                 return True
         return False
 
@@ -93,6 +93,15 @@ class ParametersAfterForward(TrainingRule):
     def _no_grad(self, expression) -> bool:
         target = expression.func if isinstance(expression, cst.Call) else expression
         return self.ctx.matches(target, *_NO_GRAD)
+
+
+def reshards(ctx, statement) -> str | None:
+    """The code of the model `statement` reshards with this rule's helper (`fsdp2_reshard(model)`), if it does."""
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+    call = small.value if isinstance(small, cst.Expr) else None
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value.startswith(HELPER_NAME)):
+        return None
+    return ctx.code(call.args[0].value) if len(call.args) == 1 else None
 
 
 def _updates_in_place(statement) -> bool:

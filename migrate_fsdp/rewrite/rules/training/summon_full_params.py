@@ -38,7 +38,7 @@ from migrate_fsdp.rewrite.rules.training.base import (
 )
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
 from migrate_fsdp.rewrite.rules.construction.codegen import statements
-from migrate_fsdp.rewrite.rules.training.parameters_after_forward import HELPER_NAME as RESHARD_HELPER
+from migrate_fsdp.rewrite.rules.training.parameters_after_forward import HELPER_NAME as RESHARD_HELPER, reshards
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
 _PARAMS = ("module", "recurse", "writeback", "rank0_only", "offload_to_cpu", "with_grads")
@@ -292,10 +292,11 @@ class SummonFullParams(RemovesStatements):
             return updated
         call = updated.items[plan[0]].item
         model = next(arg.value for arg in call.args if arg.keyword is None or arg.keyword.value == "module")
-        resharded = self._resharded(original, model)
         first = self._first_statement(updated.body.body)
-        if first is not None and first.deep_equals(resharded[0].with_changes(leading_lines=first.leading_lines)):
+        if first is not None and reshards(self.ctx, first) == self.ctx.code(model):
             resharded = []  # resharded there already (an in-place change under no_grad is, wherever it stands)
+        else:
+            resharded = self._resharded(original, model)
         body = updated.body.with_changes(body=[*resharded, *updated.body.body])
         return self.unwrap_with(updated.with_changes(body=body), plan[0])
 
