@@ -272,9 +272,8 @@ class StateDictPlan:
         if block is None:
             return f"{problem}, and `FSDP.set_state_dict_type` keeps it for code out of this block"
         parts = [value] if not isinstance(value, cst.Subscript) else [value.value, _single_index(value)]
-        if not all(dotted(part) or isinstance(part, (cst.SimpleString, cst.Integer)) for part in parts):
-            return f"{problem} nor a name, attribute chain or item of one (`TYPES[cfg.kind]`) to read again"
-        if any(self.ctx.fsdp1_names(part) for part in parts):
+        readable = all(dotted(part) or isinstance(part, (cst.SimpleString, cst.Integer)) for part in parts)
+        if not readable or any(self.ctx.fsdp1_names(part) for part in parts):
             return f"{problem} nor a name, attribute chain or item of one (`TYPES[cfg.kind]`) to read again"
         if any(not _is_none(bound[name].value) for name in ("state_dict_config", "optim_state_dict_config") if name in bound):
             return f"{problem}, and a config goes with it (FSDP1 raises where their types differ, known only at run time)"
@@ -673,8 +672,8 @@ def _holders(model: str | None) -> set[str]:
 def model_key(node) -> str:
     """How a model is named: `a.b` for a name or attribute chain, `a.b["c"]` for an item taken by a string literal
     (a ModuleDict's, dinov2's `model.teacher["backbone"]`); "" otherwise."""
-    if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
-        key, base = node.slice[0].slice.value, dotted(node.value)
+    if isinstance(node, cst.Subscript):
+        key, base = _single_index(node), dotted(node.value)
         if isinstance(key, cst.SimpleString) and base and "[" not in base:
             return f"{base}[{key.evaluated_value!r}]"
         return ""
