@@ -189,14 +189,18 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     # sight; one the program follows meets only uses in the files it reaches (its own, those it is handed to).
     escaping = {}  # a constructor that converts but whose model may meet an untied use that stays -> that use
 
-    def staying_model(path: str):
-        """The first constructor staying FSDP1 whose model may meet a use of unknown origin in `path`, if any."""
-        # Root causes first: models that cannot convert, then those a use of their own holds back.
-        staying = sorted(kept | set(held) | set(escaping), key=lambda site: (site not in kept, not isinstance(held.get(site), str), site))
+    def staying_models() -> list:
+        """The constructors staying FSDP1, root causes first: models that cannot convert, then those a use of
+        their own holds back."""
+        return sorted(kept | set(held) | set(escaping), key=lambda site: (site not in kept, not isinstance(held.get(site), str), site))
+
+    def reaching(staying: list, path: str):
+        """The first of `staying` whose model may meet a use of unknown origin in `path`, if any."""
         return next((site for site in staying if reaches[site] is None or path in reaches[site]), None)
 
     while True:  # models held back by the uses they share hold back more uses in turn
-        denied_untied = [(path, key) for path, key in untied if staying_model(path) is not None]
+        staying = staying_models()
+        denied_untied = [(path, key) for path, key in untied if reaching(staying, path) is not None]
         if (denied_untied or untied_staying) and not escaping:
             first = untied_staying[0] if untied_staying else denied_untied[0]
             escaping = {(f.path, p): first for f in facts for p in f.escaping if f.constructors.get(p) and (f.path, p) not in held}
@@ -214,6 +218,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     for site in sorted(kept | kept_for_uses, key=lambda site: (site not in kept, site)):
         cause.setdefault(find(site), site)
     denials = {}
+    final_staying = staying_models()
     for file in facts:
         for key, use in file.uses.items():
             if key in file.staying:  # the rule refused it: its own report says why, the models it holds point to it
@@ -223,14 +228,14 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
                 continue
             # A constructor that cannot convert first: the cause, rather than one it holds back.
             blockers = sorted((b for b in (cause.get(find(site)) for site in use.sites) if b is not None), key=lambda b: (b not in kept, b))
-            staying = staying_model(file.path) if use.untied else None
-            if staying is not None and not (blockers and blockers[0] in kept):
+            threat = reaching(final_staying, file.path) if use.untied else None
+            if threat is not None and not (blockers and blockers[0] in kept):
                 blockers = []  # held back only by this use itself: the cause is the model of unknown origin
             if blockers:
                 denials[(file.path, key)] = Denial(BLOCKED, f"blocked: the model's FSDP(...) in {where(blockers[0])} stays FSDP1")
-            elif staying is not None:
+            elif threat is not None:
                 denials[(file.path, key)] = Denial(
-                    KEPT_FSDP1, f"model may be FSDP1: the FSDP(...) in {where(staying)} stays; convert that first"
+                    KEPT_FSDP1, f"model may be FSDP1: the FSDP(...) in {where(threat)} stays; convert that first"
                 )
 
     def cited(why) -> str:
