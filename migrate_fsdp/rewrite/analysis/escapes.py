@@ -92,15 +92,6 @@ def escapes(ctx, call: cst.Call, stack) -> Reach | None:
     if not isinstance(target, cst.Name):
         return None  # `self.model = FSDP(...)`: every method, and whoever holds the object, sees it
     function = next((n for n in reversed(parents) if isinstance(n, cst.FunctionDef)), None)
-    if function is None:  # a module-level model: also seen by any file importing its module (decide checks which)
-        reads, callees, remotes = [], set(), set()
-        escaped = False
-        makes_models = ctx.matches(call.func, "functools.partial")  # a factory: each call of it builds a model
-        try:
-            _follow(ctx, ctx.module, target, callees, seen={}, remotes=remotes, makes_models=makes_models, fsdp1_reads=reads)
-        except Escape:
-            escaped = True
-        return Reach(frozenset(callees), frozenset(remotes), importable=True, escaped=escaped, fsdp1_reads=_positions(ctx, reads))
     callees: set[str] = set()
     remotes: set[Remote] = set()
     fsdp1_reads: list = []
@@ -108,10 +99,20 @@ def escapes(ctx, call: cst.Call, stack) -> Reach | None:
     returned = [] if factory(parents) is not None and not makes_models else None  # its callers follow it on
     escaped = False
     try:
-        _follow(ctx, function, target, callees, seen={}, remotes=remotes, makes_models=makes_models, returned=returned, fsdp1_reads=fsdp1_reads)
+        _follow(
+            ctx, ctx.module if function is None else function, target, callees, seen={}, remotes=remotes, makes_models=makes_models,
+            returned=returned, fsdp1_reads=fsdp1_reads,
+        )
     except Escape:
         escaped = True  # what was found in sight before still counts: an FSDP1 read there holds the model
-    return Reach(frozenset(callees), frozenset(remotes), returns=bool(returned), escaped=escaped, fsdp1_reads=_positions(ctx, fsdp1_reads))
+    return Reach(
+        frozenset(callees),
+        frozenset(remotes),
+        returns=bool(returned),
+        importable=function is None,  # a module-level model: also seen by any file importing its module (decide)
+        escaped=escaped,
+        fsdp1_reads=_positions(ctx, fsdp1_reads),
+    )
 
 
 def factory(parents) -> str | None:
