@@ -9,7 +9,8 @@ original tree (the rules feed it from their `collect_*` hooks):
 - a name or attribute chain assigned from `FSDP(...)`, from a
   `functools.partial(FSDP, ...)` result, from a local function that returns
   one, or from another FSDP1 model (`m = model`, `model.to(device)`);
-- narrowed by `if isinstance(x, FSDP):` / `assert isinstance(x, FSDP)`;
+- narrowed by `if isinstance(x, FSDP):`, `assert isinstance(x, FSDP)` and what follows
+  `if not isinstance(x, DDP): return`, or in the else of `if not isinstance(x, DDP):`;
 - a parameter annotated with the FSDP class, or (in a script, or for a private
   or nested function) one that every call in the file passes an FSDP1 model;
 - the loop variable of `for m in FSDP.fsdp_modules(...)`.
@@ -113,6 +114,7 @@ class _Definition:
     value: cst.BaseExpression | None = None  # evaluated lazily
     kind: Kind | None = None  # known without evaluation (annotation, isinstance, loop over fsdp_modules)
     narrowing: bool = False  # holds for the whole block at the end of `path`
+    after_exit: bool = False  # holds after the `if` ending `path`, whose body leaves the block
     wraps_itself: bool = False  # `self.m = FSDP(self.m)`: earlier values were the unwrapped module
     element: int | None = None  # `a, b = value`: which element of `value` this target gets
     source: str | None = None  # for a fixed FSDP kind: FSDP2 or UNTIED (an FSDP1 model from out of sight)
@@ -274,6 +276,15 @@ class FsdpModels:
         for subject, kind, source in self._isinstance_facts(node.test):
             path = (*self.ctx.stack, node.body)
             definition = _Definition(self._next_seq(), path, kind=kind, narrowing=True, source=source)
+            self._narrowings.setdefault(dotted(subject), []).append(definition)
+        for subject, kind, source in self._failed_test_facts(node.test):
+            if node.orelse is not None:  # `if sync or not isinstance(m, DDP): ... else: m.no_sync()`
+                path = (*self.ctx.stack, node.orelse)
+                definition = _Definition(self._next_seq(), path, kind=kind, narrowing=True, source=source)
+            elif _leaves(node):  # `if not isinstance(m, DDP): return`: what follows runs only when it is one
+                definition = _Definition(self._next_seq(), self._statement_path(), kind=kind, source=source, after_exit=True)
+            else:
+                continue
             self._narrowings.setdefault(dotted(subject), []).append(definition)
 
     def _note_Assert(self, node: cst.Assert) -> None:
@@ -460,6 +471,14 @@ class FsdpModels:
                 return [(test.args[0].value, kind, self._class_source(test.args[1].value))]
         return []
 
+    def _failed_test_facts(self, test) -> list[tuple[cst.BaseExpression, Kind, str]]:
+        """What holds where `test` is false: `not isinstance(...)` fails, as does each side of an `or`."""
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+            return [*self._failed_test_facts(test.left), *self._failed_test_facts(test.right)]
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            return self._isinstance_facts(test.expression)
+        return []
+
     # ----- answering ------------------------------------------------------------------------
 
     def kind(self, node, stack=None) -> Kind:
@@ -603,8 +622,8 @@ class FsdpModels:
             return None
         if isinstance(parent, cst.If) and mine is parent.body and theirs is parent.orelse:
             return None  # exclusive branches
-        conditional = any(isinstance(n, _CONDITIONAL) for n in def_path[k:-1]) or isinstance(
-            def_path[-1], (cst.If, cst.For, cst.While)
+        conditional = any(isinstance(n, _CONDITIONAL) for n in def_path[k:-1]) or (
+            isinstance(def_path[-1], (cst.If, cst.For, cst.While)) and not definition.after_exit
         )
         if isinstance(parent, (cst.For, cst.While, cst.Try, cst.If)):
             conditional = True
@@ -923,6 +942,15 @@ class FsdpModels:
     def file_may_hold_ddp(self) -> bool:
         """The file uses DDP and nothing of FSDP: a `.no_sync()` of unknown origin is presumably DDP's."""
         return self.imports_ddp and not self.imports_fsdp
+
+
+def _leaves(node: cst.If) -> bool:
+    """An `if` whose body always ends its block (return, raise, continue, break)."""
+    body = node.body.body
+    last = body[-1] if body else None
+    if not isinstance(last, cst.SimpleStatementLine):
+        return False
+    return isinstance(last.body[-1], (cst.Return, cst.Raise, cst.Continue, cst.Break))
 
 
 def _elements(node) -> list:
