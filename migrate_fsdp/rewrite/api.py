@@ -58,11 +58,12 @@ def _holds(token: bytes | tuple[bytes, ...], source: bytes) -> bool:
 class ParsedFile:
     """One file of a program, parsed once; rewritten once, and again if the program's verdict asks."""
 
-    def __init__(self, data: bytes, path: str, selection: Selection, todo: bool) -> None:
+    def __init__(self, data: bytes, path: str, selection: Selection, todo: bool, wanted: bool = False) -> None:
+        """`wanted`: parse it even if it names nothing of FSDP (the program reads a model's state dict there)."""
         self.data, self.path, self.selection, self.todo = data, path, selection, todo
         self.done: RewriteResult | None = None  # the result, when there is nothing to rewrite
         self._ctx: FileContext | None = None
-        if not worth_parsing(data, selection):
+        if not wanted and not worth_parsing(data, selection):
             self.done = RewriteResult(path, data, data)
             return
         too_deep = nesting_python_refuses(data, path)
@@ -106,11 +107,25 @@ class ParsedFile:
 def rewrite_program(files: list[ParsedFile], sources: Mapping[str, bytes] | None = None) -> list[RewriteResult]:
     """Rewrite files that form one program: each model converts together with all its uses, or not at all.
     `sources`: every file of the program by path, also those not worth parsing (default: `files`)."""
+    sources = sources if sources is not None else {f.path: f.data for f in files}
     first = [file.rewrite() for file in files]
-    verdicts, failure = decide_safely([facts for _, facts in first], sources if sources is not None else {f.path: f.data for f in files})
+    verdicts, failure = decide_safely([facts for _, facts in first], sources)
+    late = late_files(verdicts, {file.path for file in files}, sources, files[0].selection, files[0].todo) if files and failure is None else []
+    if late:
+        files, first = [*files, *late], [*first, *(file.rewrite() for file in late)]
+        verdicts, failure = decide_safely([facts for _, facts in first], sources)
     if failure is not None:
         return [left_unchanged(result, failure) for result, _ in first]
     return [file.rewrite(verdicts[file.path])[0] if file.path in verdicts else result for file, (result, _) in zip(files, first)]
+
+
+def late_files(
+    verdicts: Mapping[str, Verdict], parsed: set[str], sources: Mapping[str, bytes], selection: Selection, todo: bool
+) -> list[ParsedFile]:
+    """The files the program has verdicts for but did not parse (`parsed`: the paths it did): they name no FSDP,
+    and the program reads the state dict of one of its models there (analysis/program.py, STATE_METHODS). Their
+    facts join a second decision."""
+    return [ParsedFile(sources[path], path, selection, todo, wanted=True) for path in sorted(set(verdicts) - parsed)]
 
 
 def decide_safely(facts: list[FileFacts], sources: Mapping[str, bytes]) -> tuple[dict[str, Verdict], Exception | None]:

@@ -18,7 +18,7 @@ import signal
 from multiprocessing import get_context
 
 from migrate_fsdp.lifeline import die_with_parent
-from migrate_fsdp.rewrite.api import ParsedFile, RewriteResult, decide_safely, left_unchanged, rewrite_program
+from migrate_fsdp.rewrite.api import ParsedFile, RewriteResult, decide_safely, late_files, left_unchanged, rewrite_program
 from migrate_fsdp.rewrite.diagnostics import Diagnostic
 from migrate_fsdp.rewrite.selection import INTERNAL_ERROR, Selection
 
@@ -50,8 +50,12 @@ def rewrite_files(
         for pipe, share in zip(pipes, shares):
             first.update(_receive(pipe, share))
         verdicts, failure = decide_safely([facts for _, facts in first.values() if facts is not None], sources)
+        late = late_files(verdicts, set(first), sources, selection, todo) if failure is None else []
+        if late:  # few files, parsed here
+            first.update((file.path, file.rewrite()) for file in late)
+            verdicts, failure = decide_safely([facts for _, facts in first.values() if facts is not None], sources)
         if failure is not None:
-            return [left_unchanged(first[path][0], failure) for path, _ in jobs]
+            return [left_unchanged(first[path][0], failure) for path in [*(path for path, _ in jobs), *(f.path for f in late)]]
         for pipe, share in zip(pipes, shares):
             pipe.send({path: verdicts[path] for path, _ in share if path in verdicts})
         results = {path: result for path, (result, _) in first.items()}
@@ -59,7 +63,10 @@ def rewrite_files(
             for path, redone in _receive(pipe, share).items():
                 if redone is not None:
                     results[path] = redone[0]
-        return [results[path] for path, _ in jobs]
+        for file in late:
+            if file.path in verdicts:
+                results[file.path] = file.rewrite(verdicts[file.path])[0]
+        return [results[path] for path in [*(path for path, _ in jobs), *(f.path for f in late)]]
     finally:
         for pipe in pipes:
             pipe.close()

@@ -33,6 +33,7 @@ def test_the_rewrite_uses_every_helper_file():
         no_sync,
         optim_state_dict,
         parameters_after_forward,
+        state_dict_type,
         state_dicts,
     )
 
@@ -54,6 +55,8 @@ def test_the_rewrite_uses_every_helper_file():
         optim_state_dict.UNSHARED_HELPER,
         state_dicts.GATHER_HELPER_NAME,
         state_dicts.FULL_KIND_HELPER,
+        state_dict_type.ANY_MODULE_SAVE_HELPER,
+        state_dict_type.ANY_MODULE_LOAD_HELPER,
         parameters_after_forward.HELPER_NAME,
     }
     assert used == set(NAMES)
@@ -289,3 +292,12 @@ def test_full_state_dict_reads_fsdp1s_type_as_a_member_or_its_name(kind, full):
 def test_full_state_dict_refuses_local_state_dict_when_it_runs():
     with pytest.raises(ValueError, match="no FSDP2 form"):
         helper("_fsdp1_full_state_dict")(StateDictType.LOCAL_STATE_DICT)
+
+
+def test_state_dict_helpers_leave_modules_fsdp2_did_not_shard_to_their_own_methods():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    assert helper("fsdp2_state_dict")(model).keys() == model.state_dict().keys()
+    state = {"0.weight": torch.zeros(2, 2), "extra": torch.ones(1)}
+    result = helper("fsdp2_load_state_dict")(model, state, strict=False)
+    assert result.missing_keys == ["0.bias"] and result.unexpected_keys == ["extra"]
+    assert torch.equal(model[0].weight, torch.zeros(2, 2))

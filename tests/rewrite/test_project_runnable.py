@@ -104,3 +104,29 @@ def test_a_training_script_converts_beside_an_entry_point_whose_model_stays(tmp_
     after = SECOND_ENTRY / "after" / "entry"
     assert "fully_shard(make_model()" in (after / "train.py").read_text()
     assert "FSDP(make_model()" in (after / "export.py").read_text()  # the blocked entry point stays FSDP1
+
+
+CHECKPOINT_HELPERS = FIXTURES / "projects" / "checkpoint_helpers"
+
+
+@pytest.mark.parametrize("flags", [("--fsdp",), ()], ids=["fsdp", "ddp"])
+def test_checkpoint_helpers_serving_any_model_save_and_resume_alike(tmp_path, flags):
+    """fixtures/projects/checkpoint_helpers: save and load helpers in a module naming no FSDP take FSDP, DDP and
+    plain models; the rewrite has them give an FSDP2 model FSDP1's full state dict and leaves the others' calls as
+    they were. Saved before resuming and after, both versions: the same losses and the same final checkpoint."""
+    runs = {}
+    for side in ("before", "after"):
+        project = tmp_path / side
+        shutil.copytree(CHECKPOINT_HELPERS / side, project)
+        saves = tmp_path / f"{side}_saves"
+        saves.mkdir()
+        done = torchrun(project / "resume" / "train.py", "--save_dir", saves, *flags, env={"PYTHONPATH": str(project)})
+        runs[side] = step_lines(done.stdout), torch.load(saves / "model.pt", weights_only=False)
+    (old_steps, old), (new_steps, new) = runs["before"], runs["after"]
+    assert len(old_steps) == 4 and new_steps == old_steps
+    assert sorted(new) == sorted(old)
+    for name, tensor in old.items():
+        assert torch.equal(new[name], tensor), name
+    after = CHECKPOINT_HELPERS / "after" / "resume"
+    assert "return fully_shard(model" in (after / "train.py").read_text()
+    assert "fsdp2_load_state_dict(model, state)" in (after / "checkpoint.py").read_text()

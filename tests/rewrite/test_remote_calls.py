@@ -179,15 +179,16 @@ def test_a_factorys_model_is_followed_to_its_callers_in_files_naming_no_fsdp():
 
 
 def test_an_fsdp1_read_is_found_where_the_model_also_goes_out_of_sight():
-    """open_lm's shape: the model is handed to a helper of its file loading a state dict no rule took for FSDP1's,
-    and to a library: the read holds the model FSDP1 whatever else it reaches (it was lost once)."""
+    """open_lm's shape: the model is handed to a helper of its file loading a state dict no rule took for FSDP1's
+    (`assign=True`: no helper makes that call for FSDP2), and to a library: the read holds the model FSDP1 whatever
+    else it reaches (it was lost once). Without `assign`, the helper serves it and the model converts."""
     source = b'''import torch
 import wandb
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 
 def load(model, sd):
-    model.load_state_dict(sd)
+    model.load_state_dict(sd, assign=True)
 
 
 def main(sd):
@@ -196,6 +197,8 @@ def main(sd):
     wandb.watch(model)
 '''
     assert "model = FSDP(torch.nn.Linear(2, 2))" in _rewrite({"train.py": source})["train.py"]
+    converted = _rewrite({"train.py": source.replace(b", assign=True", b"")})["train.py"]
+    assert "model = fully_shard(torch.nn.Linear(2, 2))" in converted and "fsdp2_load_state_dict(model, sd)" in converted
 
 
 HELPERS = b"def describe(model):\n    return type(model.module).__name__\n"

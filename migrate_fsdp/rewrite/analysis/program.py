@@ -46,6 +46,11 @@ DUAL_VERSION = "MF005"  # code that already serves FSDP1 and FSDP2
 
 Position = tuple[int, int]  # line, column (1-based) of an original node
 
+# A model's methods whose FSDP1 default a helper gives for any module (Gate.state_read). A file the program reads
+# them in but did not parse (it names no FSDP) gets a verdict all the same: it is parsed and the program decided
+# again (api.rewrite_program), so that its calls a helper cannot make hold the model back.
+STATE_METHODS = ("state_dict", "load_state_dict")
+
 
 @dataclass(frozen=True)
 class Use:
@@ -72,6 +77,8 @@ class FileFacts:
     callees: dict = field(default_factory=dict)  # constructor Position -> functions of the file it is handed to
     remotes: dict = field(default_factory=dict)  # constructor Position -> calls handing it to other modules (escapes.Remote)
     fsdp1_reads: dict = field(default_factory=dict)  # constructor Position -> (Position, attribute) of FSDP1 reads here
+    state_reads: set = field(default_factory=set)  # Positions of `m.state_dict()` / `m.load_state_dict(sd)` on a
+    # receiver of unknown origin that a helper can serve for any module (Gate.state_read)
     declared: Counter | None = None  # function name -> occurrences that are not uses (reachability.py); None: not parsed
     uses: dict = field(default_factory=dict)  # (Position, code) -> Use
     staying: dict = field(default_factory=dict)  # (Position, code) -> Use a rule could not convert: it stays FSDP1
@@ -103,6 +110,7 @@ class Verdict:
     settings: set = field(default_factory=set)  # Positions of FSDP1 settings' definitions that take their FSDP2 form
     fsdp1_receivers: set = field(default_factory=set)  # Positions of FSDP1-shaped calls on unknown receivers that
     # are FSDP1 models' (nothing else in the program has those methods)
+    state_reads: set = field(default_factory=set)  # Positions of FileFacts.state_reads a converting model reaches
     builds_fsdp1: bool = False  # another file of the program uses torch's FSDP1
     assumed: bool = False  # the first rewrite assumed the program builds FSDP1 models; it builds none
     part_of_world: bool = False  # a model of the program may be sharded over some ranks only (Gate.part_of_world)
@@ -115,6 +123,7 @@ class Verdict:
             or self.denied
             or self.settings
             or self.fsdp1_receivers
+            or self.state_reads
             or self.builds_fsdp1
             or self.assumed
             or self.part_of_world
@@ -154,7 +163,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     for file in facts:
         if file.path in imported:
             file.escaping |= file.module_level
-    unseen_reads, reaches = _tie_handed_on(facts, remote_calls, sources, imported)
+    unseen_reads, reaches, state_reads = _tie_handed_on(facts, remote_calls, sources, imported)
     adopted = _adopt_unsure_receivers(facts, sources or {})
     for file in facts:
         for use in file.uses.values():
@@ -171,7 +180,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
                 held.setdefault(site, f"{use.code} in {file.path}")
     for site, path in unseen_reads.items():
         held.setdefault(site, f"{path} stays FSDP1's: no rule there could tell it is this model")
-    unfollowed = _settings_read_out_of_sight(facts)
+    unfollowed = _settings_read_out_of_sight(facts, state_reads)
     for (path, _), (sites, _) in unfollowed.items():
         for site in sites:
             held.setdefault(site, f"MF202 in {path}")
@@ -268,6 +277,11 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
                 verdict.blocked[position] = f"stays FSDP1 with the FSDP(...) in {where(blocker)}, which shares its uses"
         verdict.denied = {key: denial for (path, key), denial in denials.items() if path == file.path}
         verdicts[file.path] = verdict
+    for (path, position), sites in state_reads.items():
+        if path not in by_path:  # a file not parsed: parse it and decide again (STATE_METHODS)
+            verdicts.setdefault(path, Verdict()).state_reads.add(position)
+        elif any(by_path[where].constructors[at] and at not in verdicts[where].blocked for where, at in sites):
+            verdicts[path].state_reads.add(position)
     _convert_settings(facts, verdicts, ValueFlow(remote_calls))
     return {path: verdict for path, verdict in verdicts.items() if verdict}
 
@@ -334,7 +348,7 @@ def _convert_settings(facts: list[FileFacts], verdicts: dict[str, Verdict], flow
 _READS_STATE_DICT_TYPE = ("MF202", "MF203")
 
 
-def _settings_read_out_of_sight(facts: list[FileFacts]) -> dict:
+def _settings_read_out_of_sight(facts: list[FileFacts], state_reads: dict) -> dict:
     """`FSDP.set_state_dict_type(model, ...)` uses whose setting a state dict of the model is read under out of its
     function (a helper it is handed to, or code out of the program's sight): (path, key) -> (their sites, why).
 
@@ -354,7 +368,7 @@ def _settings_read_out_of_sight(facts: list[FileFacts]) -> dict:
                     if reader.sites & use.sites and (path, reader.function) != (file.path, use.function)
                 ),
                 None,
-            )
+            ) or next((f"{path}:{position[0]}" for (path, position), sites in sorted(state_reads.items()) if sites & use.sites), None)
             if away is not None:
                 found[(file.path, key)] = (use.sites, f"the model's state dict is also read in {away}, where this setting would be lost")
             elif use.sites & escaping:
@@ -365,7 +379,7 @@ def _settings_read_out_of_sight(facts: list[FileFacts]) -> dict:
 def _unseen(file: FileFacts | None, reads, path: str) -> str | None:
     """The first read in `reads` ((position, attribute)) of `file` (at `path`) no rule took for an FSDP1 model's
     (one that converts or stays), for a message; None when a rule took each."""
-    known = {key[0] for key in (*file.uses, *file.staying)} if file is not None else set()
+    known = {key[0] for key in (*file.uses, *file.staying)} | file.state_reads if file is not None else set()
     missed = sorted(read for read in reads if read[0] not in known)
     return f"`.{missed[0][1]}` of it at {path}:{missed[0][0][0]}" if missed else None
 
@@ -377,10 +391,12 @@ def _tie_handed_on(
     function holding it, in the same file or from another module, and those whose model a factory function
     returns to it (factory_callers.py). A constructor whose model goes out of sight on the way escapes.
 
-    Returns (unseen, reached). unseen: the constructors whose model has FSDP1's surface read (its state dict,
-    `.module`, `.world_size`, ...) where no rule took it for an FSDP1 model's (a module naming no FSDP, a parameter
-    of unknown origin): site -> where; FSDP2 would answer otherwise there (shards) or fail (no such attribute).
-    reached: site -> the files its model may be used in; None: anywhere (it escapes)."""
+    Returns (unseen, reached, state_reads). unseen: the constructors whose model has FSDP1's surface read (its
+    state dict, `.module`, `.world_size`, ...) where no rule took it for an FSDP1 model's (a module naming no FSDP,
+    a parameter of unknown origin): site -> where; FSDP2 would answer otherwise there (shards) or fail (no such
+    attribute). reached: site -> the files its model may be used in; None: anywhere (it escapes). state_reads:
+    (path, Position) of a FileFacts.state_reads call, or of a STATE_METHODS read in a file not parsed, -> the
+    constructors whose model reaches it."""
     by_path = {f.path: f for f in facts}
     for file in facts:
         for table in (file.uses, file.staying):
@@ -396,6 +412,7 @@ def _tie_handed_on(
 
     unseen: dict = {}
     reached: dict = {}
+    state_reads: dict = {}
 
     def follow(site, path: str, reach: Reach) -> bool:
         """Ties what the model of `site` reaches from `path` to it; False when it goes out of sight."""
@@ -403,6 +420,10 @@ def _tie_handed_on(
         for where, step in [(path, reach), *(f for f in found if f is not None)]:
             tie(where, step.callees, site)
             reached[site].add(where)
+            served = by_path[where].state_reads if where in by_path else None
+            for position, attribute in step.fsdp1_reads:
+                if position in served if served is not None else attribute in STATE_METHODS:
+                    state_reads.setdefault((where, position), set()).add(site)
             missed = _unseen(by_path.get(where), step.fsdp1_reads, where)
             if missed:
                 unseen.setdefault(site, missed)
@@ -431,7 +452,7 @@ def _tie_handed_on(
                     file.escaping.add(position)
             if position in file.escaping:
                 reached[site] = None
-    return unseen, reached
+    return unseen, reached, state_reads
 
 
 class Gate:
@@ -489,6 +510,14 @@ class Gate:
         """Whether the program decided that the unknown receiver of this FSDP1-shaped call (`func`: `x.no_sync`,
         as the first rewrite reported it) is an FSDP1 model."""
         return self.verdict is not None and self.ctx.position(func) in self.verdict.fsdp1_receivers
+
+    def state_read(self, func) -> bool:
+        """Record that `func` (`m.state_dict` or `m.load_state_dict` of a call a helper can make for any module, on
+        a receiver of unknown origin) needs no rule to know its model; whether the program decided that an FSDP1
+        model converting to FSDP2 reaches it, so that it takes the helper."""
+        position = self.ctx.position(func)
+        self.facts.state_reads.add(position)
+        return self.verdict is not None and position in self.verdict.state_reads
 
     def may_build_fsdp1(self) -> bool:
         """Whether a model this file cannot see may be torch's FSDP1 model: only when the program

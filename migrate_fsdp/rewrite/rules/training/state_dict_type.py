@@ -19,6 +19,7 @@ handed to code we cannot follow are reported.
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.rules.construction.codegen import call
 from migrate_fsdp.rewrite.rules.training.base import code_of
 from migrate_fsdp.rewrite.rules.training.state_dicts import (
     ADVICE,
@@ -27,8 +28,11 @@ from migrate_fsdp.rewrite.rules.training.state_dicts import (
     UsesStateDictPlan,
     model_state_call,
 )
+from migrate_fsdp.rewrite.syntax import dotted
 
 _FSDP = "torch.distributed.fsdp"
+ANY_MODULE_SAVE_HELPER = "fsdp2_state_dict"
+ANY_MODULE_LOAD_HELPER = "fsdp2_load_state_dict"
 # Names that only make sense as FSDP1 state-dict settings.
 _SETTING_NAMES = tuple(
     f"{_FSDP}.{name}"
@@ -127,7 +131,7 @@ class StateDictType(UsesStateDictPlan):
                 if self.models.is_fsdp2_module(receiver, self.ctx.stack):
                     return updated
             elif self.models.holder_origins(receiver, self.ctx.stack) is None:
-                return updated
+                return self._any_module_state_call(original, updated)
             elif self.plan.contexts:
                 self.ctx.report(
                     original,
@@ -161,6 +165,24 @@ class StateDictType(UsesStateDictPlan):
         strict_value = updated.args[original.args.index(strict)].value if strict is not None else None
         options = build.options(full_state_dict=full, strict=strict_value)
         return build.call("set_model_state_dict", [model, state], options)
+
+    def _any_module_state_call(self, original: cst.Call, updated: cst.Call):
+        """A state dict of a receiver of unknown origin (`def load(model, path)`): where the program has an FSDP1
+        model converting to FSDP2 reach it, a helper gives FSDP1's default (a full state dict) for an FSDP2 module
+        and calls the method of any other, so the call serves every model the code is handed."""
+        shape = model_state_call(original)
+        receiver = original.func.value
+        if shape is None or not dotted(receiver) or not self.ctx.program.state_read(original.func):
+            return updated
+        what, strict = shape
+        model = updated.func.value
+        if what == "save":
+            return call(self.ctx.add_helper(ANY_MODULE_SAVE_HELPER), model)
+        state = updated.args[original.args.index(_state_arg(original))].value
+        helper = self.ctx.add_helper(ANY_MODULE_LOAD_HELPER)
+        if strict is None:
+            return call(helper, model, state)
+        return call(helper, model, state, strict=updated.args[original.args.index(strict)].value)
 
 
 def _state_arg(call: cst.Call) -> cst.Arg:
