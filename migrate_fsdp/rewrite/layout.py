@@ -7,6 +7,8 @@ reflow the user's own lines too. So a statement the rewrite wrote or changed
 that now runs past the file's line length is split at its outermost bracket:
 the arguments on one indented line when they fit there, else one a line with
 a trailing comma, splitting an argument in turn when it is still too long.
+An import grown too long (`from torch.distributed.fsdp import ...` with the
+names the rewrite added) gets a name a line, as black lays it out.
 Lines the file already had are left as they were, however long.
 
 The line length is the file's own: the one its lines keep to (black's 88,
@@ -64,6 +66,8 @@ class _Wrapper(cst.CSTTransformer):
         if "\n" in code or indent + len(code) <= self.limit or code.strip() in self.kept:
             return updated
         statement = updated.body[0]
+        if isinstance(statement, cst.ImportFrom) and not isinstance(statement.names, cst.ImportStar):
+            return updated.with_changes(body=[_import_exploded(statement)])
         value = getattr(statement, "value", None)
         if not _splittable(value):
             return updated
@@ -114,6 +118,17 @@ class _Wrapper(cst.CSTTransformer):
         return laid_out(node).with_changes(
             lpar=[cst.LeftParen(whitespace_after=_newline(inner))], rpar=[cst.RightParen(whitespace_before=_newline(level))]
         )
+
+
+def _import_exploded(statement: cst.ImportFrom) -> cst.ImportFrom:
+    """`from m import (` a name a line, with a trailing comma `)`, as black lays out an import too long."""
+    names = [
+        alias.with_changes(comma=cst.Comma(whitespace_after=_newline(_INDENT) if index < len(statement.names) - 1 else cst.SimpleWhitespace("")))
+        for index, alias in enumerate(statement.names)
+    ]
+    return statement.with_changes(
+        names=names, lpar=cst.LeftParen(whitespace_after=_newline(_INDENT)), rpar=cst.RightParen(whitespace_before=_newline(0))
+    )
 
 
 def _splittable(node) -> bool:

@@ -138,7 +138,7 @@ def test_taken_name_gets_an_alias_and_unconverted_use_keeps_its_import(rules):
         """,
         rules(WrapToFullyShard),
     )
-    assert "from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel as FSDP, fully_shard as fsdp2_fully_shard" in result.code
+    assert "    FullyShardedDataParallel as FSDP,\n    fully_shard as fsdp2_fully_shard,\n)" in result.code
     assert "m = fsdp2_fully_shard(net)" in result.code
     assert [d.code for d in result.diagnostics] == ["MF900"]
 
