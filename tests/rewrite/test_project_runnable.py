@@ -130,3 +130,21 @@ def test_checkpoint_helpers_serving_any_model_save_and_resume_alike(tmp_path, fl
     after = CHECKPOINT_HELPERS / "after" / "resume"
     assert "return fully_shard(model" in (after / "train.py").read_text()
     assert "fsdp2_load_state_dict(model, state)" in (after / "checkpoint.py").read_text()
+
+
+SETUP_SETS_TYPE = FIXTURES / "projects" / "setup_sets_type"
+
+
+def test_a_state_dict_type_set_for_good_that_nothing_reads_goes(tmp_path):
+    """fixtures/projects/setup_sets_type: the setup function's LOCAL_STATE_DICT setting is never read (the only state
+    dict is taken under a FULL block), so it goes and the model converts: the same checkpoint as FSDP1's."""
+    saved = {}
+    for side in ("before", "after"):
+        project = tmp_path / side
+        shutil.copytree(SETUP_SETS_TYPE / side, project)
+        torchrun(project / "dit" / "train.py", tmp_path / f"{side}.pt", env={"PYTHONPATH": str(project)})
+        saved[side] = torch.load(tmp_path / f"{side}.pt", weights_only=False)
+    assert sorted(saved["after"]) == sorted(saved["before"]) == ["bias", "weight"]
+    for name, tensor in saved["before"].items():
+        assert torch.equal(saved["after"][name], tensor), name
+    assert "set_state_dict_type" not in (SETUP_SETS_TYPE / "after" / "dit" / "setup.py").read_text()

@@ -62,6 +62,7 @@ class Use:
     unsure: bool = False  # shaped like FSDP1's method on a receiver nothing is known of (`model.no_sync()`)
     sites: frozenset = frozenset()  # (path, Position) of every constructor of the program reaching it (decide fills it)
     lasting: bool = False  # a state-dict type set on the model for good (`FSDP.set_state_dict_type`)
+    governed: bool = False  # in (or is) a `with FSDP.state_dict_type(...)` block: it reads no type set for good
 
 
 @dataclass
@@ -355,7 +356,9 @@ def _settings_read_out_of_sight(facts: list[FileFacts], state_reads: dict) -> di
     The rewrite gives each call the setting in force where it stands; a helper reading the model's state dict
     elsewhere would get FSDP1's default instead, so the model stays FSDP1 with the setting."""
     escaping = {(f.path, p) for f in facts for p in f.escaping}
-    readers = [(f.path, u) for f in facts for u in f.uses.values() if u.code in _READS_STATE_DICT_TYPE and not u.lasting]
+    readers = [
+        (f.path, u) for f in facts for u in f.uses.values() if u.code in _READS_STATE_DICT_TYPE and not u.lasting and not u.governed
+    ]
     found = {}
     for file in facts:
         for key, use in file.uses.items():
@@ -584,9 +587,10 @@ class Gate:
                 fsdp2 = fsdp2 or origins.fsdp2
         return ties, untied, fsdp2
 
-    def use(self, node, code: str, stack, lasting: bool = False) -> Denial | None:
+    def use(self, node, code: str, stack, lasting: bool = False, governed: bool = False) -> Denial | None:
         """Why the FSDP1 use `node` (original, at `stack`) must not become FSDP2 code, if it must not. `lasting`: a
-        state-dict type it sets stays on the model after it (the program checks no state dict is read out of sight)."""
+        state-dict type it sets stays on the model after it (the program checks no state dict is read out of sight);
+        `governed`: it is in (or is) a `with FSDP.state_dict_type(...)` block, so no type set for good reaches it."""
         ctx = self.ctx
         if ctx.dual_versions.holds(stack):
             return Denial(DUAL_VERSION, "already serves FSDP1 and FSDP2; left as is")
@@ -599,7 +603,7 @@ class Gate:
             return None  # FSDP1 API called on an FSDP2 module: its FSDP2 form is what works
         key = (ctx.position(node), code)
         self.facts.uses[key] = Use(
-            code, frozenset(ties), untied or not ties, _function(stack), _handed_in(node, stack), lasting=lasting
+            code, frozenset(ties), untied or not ties, _function(stack), _handed_in(node, stack), lasting=lasting, governed=governed
         )
         return self.verdict.denied.get(key) if self.verdict is not None else None
 

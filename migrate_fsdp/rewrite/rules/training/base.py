@@ -81,13 +81,14 @@ class TrainingRule(Rule):
             return func.attr.value
         return None
 
-    def fsdp2_ahead(self, node, stack=None) -> bool:
+    def fsdp2_ahead(self, node, stack=None, governed: bool = False) -> bool:
         """Whether FSDP2 code may replace the original `node`: only when the models it uses become
-        FSDP2 ones, which the program decides (analysis/program.py); otherwise `node` is reported."""
+        FSDP2 ones, which the program decides (analysis/program.py); otherwise `node` is reported.
+        `governed`: it sits in a `with FSDP.state_dict_type(...)` block (Gate.use)."""
         if FSDP2_MODELS not in self.ctx.capabilities:
             self.ctx.report(node, self.code, NEEDS_WRAP_CALL)
             return False
-        denial = self.ctx.program.use(node, self.code, tuple(self.ctx.stack if stack is None else stack))
+        denial = self.ctx.program.use(node, self.code, tuple(self.ctx.stack if stack is None else stack), governed=governed)
         if denial is None:
             return True
         if denial.code is not None:

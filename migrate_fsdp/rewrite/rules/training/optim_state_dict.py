@@ -84,7 +84,7 @@ class OptimStateDict(UsesStateDictPlan):
             "scatter_full_optim_state_dict": self._set_legacy,
             "flatten_sharded_optim_state_dict": self._set_legacy,
         }.get(method)
-        if handler is None or not self.fsdp2_ahead(original):
+        if handler is None or not self.fsdp2_ahead(original, governed=self.plan.in_block(original)):
             return updated
         result = handler(original, updated)
         if result is None:

@@ -149,7 +149,7 @@ class StateDictType(UsesStateDictPlan):
                 )
                 return updated
             settings = DEFAULT_SETTINGS
-        if not self.fsdp2_ahead(original):
+        if not self.fsdp2_ahead(original, governed=self.plan.in_block(original)):
             return updated
         shape = model_state_call(original)
         if shape is None:

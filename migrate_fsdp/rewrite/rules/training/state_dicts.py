@@ -145,6 +145,7 @@ class StateDictPlan:
         self._settings: dict[int, Settings] = {}  # id(call) -> settings in force
         self._context_of: dict[int, Context] = {}  # id(call) -> its context
         self._blocked: dict[int, Context] = {}  # id(call) -> the unreadable context governing it
+        self._in_block: set[int] = set()  # id(call) of calls in a `with FSDP.state_dict_type(...)` block
         self.removed_statements: set[int] = set()
         self.config_statements: dict[int, tuple] = {}  # id(config line) -> (line, why it stays; None: only for blocks that stay)
         self.built = False
@@ -173,7 +174,7 @@ class StateDictPlan:
                 context.failure = "MF101 (wrap-call) is not selected, so the models stay FSDP1"
             elif context.failure is None:
                 lasting = context.handed_on or self._fsdp_method(call.func) == "set_state_dict_type"
-                denial = self.ctx.program.use(call, "MF202", stack, lasting=lasting)
+                denial = self.ctx.program.use(call, "MF202", stack, lasting=lasting, governed=not lasting)
                 context.failure = denial.message if denial is not None else None
             self.contexts.append(context)
             self._context_of[id(call)] = context
@@ -207,7 +208,7 @@ class StateDictPlan:
         if context.model:
             problem = self._check_region(context, region, method, stack, optim_rule_selected)
             failure = failure or problem
-        if settings is not None and settings.kind == LOCAL and (context.uses or method == "set_state_dict_type"):
+        if settings is not None and settings.kind == LOCAL and context.uses:  # one read elsewhere: analysis/program.py
             context.settings = None  # what it governs has no FSDP2 form
             failure = failure or (
                 "LOCAL_STATE_DICT (FSDP1's flat-parameter shards) has no FSDP2 form: use the sharded "
@@ -442,7 +443,7 @@ class StateDictPlan:
                 return "another state-dict type is set on the same model inside it"
             if self._reads_only(outer):
                 return None
-        if context.wrapped_here and _handed_to_function(parent, parents):
+        if context.wrapped_here and (_handed_to_function(parent, parents) or isinstance(parent, cst.Return)):
             context.handed_on = True
             return None
         return f"`{context.model}` is used where the state-dict setting may apply out of sight ({self._describe(node, parents)})"
@@ -465,7 +466,7 @@ class StateDictPlan:
                 continue
             if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.Arg) and self._reads_only(parents[-2])):
                 continue
-            if context.wrapped_here and _handed_to_function(parent, parents):
+            if context.wrapped_here and (_handed_to_function(parent, parents) or isinstance(parent, cst.Return)):
                 context.handed_on = True
                 continue
             return f"`{node.value}` is handed to other code ({self._describe(access_node, parents)}), where the setting would still apply"
@@ -504,6 +505,8 @@ class StateDictPlan:
                 self.removed_statements.add(statement_id)
         for context in self.contexts:
             for use in context.uses:
+                if isinstance(context.statement, cst.With):
+                    self._in_block.add(id(use))
                 if context.settings is not None:
                     self._settings[id(use)] = context.settings
                 else:
@@ -529,6 +532,11 @@ class StateDictPlan:
     def settings_for(self, call: cst.Call) -> Settings | None:
         """Settings of the context governing `call`, None when it is governed by no context."""
         return self._settings.get(id(call))
+
+    def in_block(self, call: cst.Call) -> bool:
+        """`call` is governed by a `with FSDP.state_dict_type(...)` block: a type set on its model for good elsewhere
+        does not reach it."""
+        return id(call) in self._in_block
 
     def blocked(self, call: cst.Call) -> str | None:
         """Why the settings governing `call` are unknown, when it sits in a context this code cannot read."""
