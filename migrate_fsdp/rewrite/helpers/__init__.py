@@ -1,6 +1,7 @@
-"""The functions the rewrite inserts into files, kept here as real modules so that they are linted,
-tested and imported like any code; the rewrite reads them as resources, one file per helper named
-after it, and moves their imports into the file's own (once, under free names)."""
+"""The functions the rewrite inserts into files, kept here as real modules so that they
+are linted, tested and imported like any code; the rewrite reads them as resources, one
+file per helper named after it, and moves their imports into the file's own (once,
+under free names)."""
 
 from dataclasses import dataclass
 from functools import cache
@@ -16,13 +17,16 @@ HELPERS = __name__  # a helper importing another helper gets it inserted too
 
 @dataclass(frozen=True)
 class HelperSource:
-    imports: tuple[tuple[str, str | None], ...]  # (module, name): `from module import name`, name None: `import module`
+    # (module, name): `from module import name`, name None: `import module`
+    imports: tuple[tuple[str, str | None], ...]
     definitions: tuple[cst.BaseStatement, ...]
 
 
 @cache
 def helper_source(name: str) -> HelperSource:
-    module = cst.parse_module(resources.files(__package__).joinpath(f"{name}.py").read_text(encoding="utf-8"))
+    module = cst.parse_module(
+        resources.files(__package__).joinpath(f"{name}.py").read_text(encoding="utf-8")
+    )
     imports, definitions = [], []
     for index, statement in enumerate(module.body):
         if index == 0 and is_docstring(statement):
@@ -30,7 +34,9 @@ def helper_source(name: str) -> HelperSource:
         if is_import_line(statement):
             for imp in statement.body:
                 if isinstance(imp, cst.ImportFrom):
-                    imports.extend((dotted(imp.module), dotted(alias.name)) for alias in imp.names)
+                    imports.extend(
+                        (dotted(imp.module), dotted(alias.name)) for alias in imp.names
+                    )
                 else:
                     imports.extend((dotted(alias.name), None) for alias in imp.names)
             continue
@@ -41,9 +47,18 @@ def helper_source(name: str) -> HelperSource:
 
 @cache
 def helper_lines() -> frozenset[str]:
-    """Every helper's lines, stripped: inserted as they are in their linted files, never laid out again."""
-    files = (path for path in resources.files(__package__).iterdir() if path.name.endswith(".py"))
-    return frozenset(line.strip() for path in files for line in path.read_text(encoding="utf-8").splitlines())
+    """Every helper's lines, stripped: inserted as they are in their linted files,
+    never laid out again."""
+    files = (
+        path
+        for path in resources.files(__package__).iterdir()
+        if path.name.endswith(".py")
+    )
+    return frozenset(
+        line.strip()
+        for path in files
+        for line in path.read_text(encoding="utf-8").splitlines()
+    )
 
 
 class _Rename(cst.CSTTransformer):
@@ -54,13 +69,16 @@ class _Rename(cst.CSTTransformer):
         self.renames = renames
 
     def leave_Attribute(self, original, updated):
-        return updated.with_changes(attr=original.attr)  # `x.name`: only `x` is a use of a name
+        # `x.name`: only `x` is a use of a name
+        return updated.with_changes(attr=original.attr)
 
     def leave_Arg(self, original, updated):
         return updated.with_changes(keyword=original.keyword)  # `f(name=...)` neither
 
     def leave_Name(self, original, updated):
-        return updated.with_changes(value=self.renames.get(updated.value, updated.value))
+        return updated.with_changes(
+            value=self.renames.get(updated.value, updated.value)
+        )
 
 
 def renamed(definitions, renames: dict[str, str]) -> list[cst.BaseStatement]:

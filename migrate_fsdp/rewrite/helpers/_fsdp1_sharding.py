@@ -8,26 +8,43 @@ from migrate_fsdp.rewrite.helpers._fsdp1_hybrid_mesh import _fsdp1_hybrid_mesh
 
 
 def _fsdp1_sharding(strategy, device_type=None, mesh=None):
-    """fully_shard's mesh and reshard_after_forward for FSDP1's sharding_strategy (a member or its name).
+    """fully_shard's mesh and reshard_after_forward for FSDP1's sharding_strategy (a
+    member or its name).
 
     As FSDP1 did: FULL_SHARD keeps FSDP2's defaults, SHARD_GRAD_OP keeps the
     parameters unsharded after forward, HYBRID_SHARD / _HYBRID_SHARD_ZERO2
     shard within a node and replicate across nodes, NO_SHARD replicates.
     """
     name = "FULL_SHARD" if strategy is None else getattr(strategy, "name", strategy)
-    if name not in ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "NO_SHARD"):
+    if name not in (
+        "FULL_SHARD",
+        "SHARD_GRAD_OP",
+        "HYBRID_SHARD",
+        "_HYBRID_SHARD_ZERO2",
+        "NO_SHARD",
+    ):
         raise ValueError(f"unknown FSDP1 sharding strategy {strategy!r}")
     device_type = device_type or torch.accelerator.current_accelerator().type
     world_size = get_world_size()
     if name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2") and mesh is None:
-        per_node = torch.get_device_module(device_type).device_count()  # FSDP1's device handle: 1 for CPU
-        mesh = init_device_mesh(device_type, (world_size // per_node, per_node), mesh_dim_names=("replicate", "shard"))
+        # FSDP1's device handle: 1 for CPU
+        per_node = torch.get_device_module(device_type).device_count()
+        mesh = init_device_mesh(
+            device_type,
+            (world_size // per_node, per_node),
+            mesh_dim_names=("replicate", "shard"),
+        )
     elif name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
         mesh = _fsdp1_hybrid_mesh(mesh)
     elif name == "NO_SHARD":
         if mesh is not None:
-            raise NotImplementedError("NO_SHARD over a given device mesh: pass fully_shard a 2-D (replicate, 1) mesh")
-        mesh = init_device_mesh(device_type, (world_size, 1), mesh_dim_names=("replicate", "shard"))
+            raise NotImplementedError(
+                "NO_SHARD over a given device mesh: "
+                "pass fully_shard a 2-D (replicate, 1) mesh"
+            )
+        mesh = init_device_mesh(
+            device_type, (world_size, 1), mesh_dim_names=("replicate", "shard")
+        )
     kwargs = {} if mesh is None else {"mesh": mesh}
     if name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
         kwargs["reshard_after_forward"] = False

@@ -1,9 +1,13 @@
-"""MF102 inserts this where FSDP1's auto_wrap_policy is known only at run time (or is size-based):
-FSDP2 has no auto-wrapping, so the modules FSDP1 would have wrapped are found here, without FSDP1."""
+"""MF102 inserts this where FSDP1's auto_wrap_policy is known only at run time (or is
+size-based): FSDP2 has no auto-wrapping, so the modules FSDP1 would have wrapped are
+found here, without FSDP1."""
 
 
-def _fsdp1_wrap_targets(root, policy, ignored_modules=(), ignored_params=(), full_precision=()):
-    """The submodules FSDP1's auto_wrap_policy wrapped, children before parents (the root excluded).
+def _fsdp1_wrap_targets(
+    root, policy, ignored_modules=(), ignored_params=(), full_precision=()
+):
+    """The submodules FSDP1's auto_wrap_policy wrapped, children before parents (the
+    root excluded).
 
     Walks the model as FSDP1's _recursive_wrap does, asking
     policy(module=, recurse=, nonwrapped_numel=): function policies and
@@ -11,7 +15,8 @@ def _fsdp1_wrap_targets(root, policy, ignored_modules=(), ignored_params=(), ful
     or ModuleWrapPolicy's, converted where it was defined) picks their instances.
     `full_precision` are the classes FSDP1 also wrapped on their own under mixed
     precision (a class or a tuple, as isinstance takes them; `()` without mixed
-    precision, where FSDP1 did not force recursion); `ignored_modules` are whole subtrees.
+    precision, where FSDP1 did not force recursion); `ignored_modules` are whole
+    subtrees.
     """
     if isinstance(policy, tuple):
         classes = policy
@@ -20,8 +25,15 @@ def _fsdp1_wrap_targets(root, policy, ignored_modules=(), ignored_params=(), ful
             return recurse or isinstance(module, classes)
 
     if not callable(policy):  # CustomPolicy: FSDP1 reads it through private API only
-        raise NotImplementedError(f"{policy!r}: call fully_shard on the modules its function picks, children first")
-    full_precision = tuple(full_precision) if isinstance(full_precision, (tuple, list)) else (full_precision,)
+        raise NotImplementedError(
+            f"{policy!r}: call fully_shard on the modules its function picks, "
+            "children first"
+        )
+    full_precision = (
+        tuple(full_precision)
+        if isinstance(full_precision, (tuple, list))
+        else (full_precision,)
+    )
     targets = []
 
     def wrap(module, recurse, nonwrapped_numel):
@@ -30,10 +42,14 @@ def _fsdp1_wrap_targets(root, policy, ignored_modules=(), ignored_params=(), ful
         return policy(module=module, recurse=recurse, nonwrapped_numel=nonwrapped_numel)
 
     def walk(module, is_root=False):
-        nonwrapped_numel = sum(p.numel() for p in module.parameters() if p not in ignored_params)
+        nonwrapped_numel = sum(
+            p.numel() for p in module.parameters() if p not in ignored_params
+        )
         if not wrap(module, True, nonwrapped_numel):
             return 0
-        wrapped_numel = sum(walk(child) for child in module.children() if child not in ignored_modules)
+        wrapped_numel = sum(
+            walk(child) for child in module.children() if child not in ignored_modules
+        )
         if not is_root and wrap(module, False, nonwrapped_numel - wrapped_numel):
             targets.append(module)
             return nonwrapped_numel

@@ -1,10 +1,12 @@
-"""MF104 inserts this for FSDP1's MixedPrecision(buffer_dtype=...), which fully_shard does not do."""
+"""MF104 inserts this for FSDP1's MixedPrecision(buffer_dtype=...), which fully_shard
+does not do."""
 
 from torch.distributed.fsdp import FSDPModule
 
 
 def fsdp2_cast_buffers(module, dtype, full_precision=(), ignored=()):
-    """FSDP1's `buffer_dtype` for the modules one FSDP(...) call is about to shard: floating buffers to `dtype`.
+    """FSDP1's `buffer_dtype` for the modules one FSDP(...) call is about to shard:
+    floating buffers to `dtype`.
 
     Call it before sharding `module`. As each FSDP1 unit cast only the buffers it
     owned, a submodule an earlier call sharded (its own unit, its own settings) keeps
