@@ -70,7 +70,7 @@ def test_helper_defines_its_function_and_imports_only_torch(name):
     assert all(module == "torch" or module.startswith(("torch.", helpers)) or module == "contextlib" for module, _ in source.imports)
     code = cst.Module(list(source.definitions)).code
     assert "_run_policy" not in code and "torch.distributed.fsdp._" not in code
-    assert len(code.splitlines()) <= 40
+    assert len(code.splitlines()) <= 60  # short: laid out at 88 columns, as black would
 
 
 @pytest.mark.parametrize("leaves", [None, set(), {nn.Linear}])

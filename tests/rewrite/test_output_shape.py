@@ -240,7 +240,10 @@ def test_new_imports_take_their_isort_places():
         from contextlib import contextmanager
 
         import torch
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard"""
     )
