@@ -44,6 +44,7 @@ def test_the_rewrite_uses_every_helper_file():
         forward_prefetch.HELPER,
         mesh.SHARDING_HELPER,
         mesh.HYBRID_MESH_HELPER,
+        mesh.REPLICATE_MESH_HELPER,
         mixed_precision.HELPER,
         mixed_precision.CAST_BUFFERS_HELPER,
         settings_where_defined.HELPER,

@@ -227,3 +227,43 @@ def main():
 ''' % decorator
         out = _rewrite({"train.py": train, "helpers.py": HELPERS})
         assert "model = FSDP(torch.nn.Linear(4, 4)" in out["train.py"], decorator
+
+
+EXPORT_SCRIPT = b'''import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+
+def dump(model):
+    with FSDP.summon_full_params(model):
+        print(model.weight.sum())
+
+
+if __name__ == "__main__":
+    dump(torch.load("model.pt"))
+'''
+
+TRAIN_SCRIPT = b'''import torch
+import wandb
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+
+def main():
+    model = FSDP(torch.nn.Linear(2, 2))
+    wandb.watch(model)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_model_out_of_sight_meets_no_use_in_a_script_nothing_imports():
+    """LLaMA2-Accessory's shape: a model handed to a library converts although another entry script keeps FSDP1 code
+    on a model of unknown origin, which out-of-sight code cannot call without importing that script; once a file
+    imports the script, the library may reach its code, and the model stays."""
+    converted = _rewrite({"train.py": TRAIN_SCRIPT, "export.py": EXPORT_SCRIPT})
+    assert "fully_shard(torch.nn.Linear(2, 2))" in converted["train.py"]
+    assert "FSDP.summon_full_params(model)" in converted["export.py"]
+    importer = b"from export import dump\n"
+    held = _rewrite({"train.py": TRAIN_SCRIPT, "export.py": EXPORT_SCRIPT, "tools.py": importer})
+    assert "model = FSDP(torch.nn.Linear(2, 2))" in held["train.py"]

@@ -32,7 +32,7 @@ import libcst as cst
 from migrate_fsdp.rewrite.analysis.escapes import Reach, escapes, factory
 from migrate_fsdp.rewrite.analysis.factory_callers import factory_callers
 from migrate_fsdp.rewrite.analysis.guards import checked_instance
-from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models, is_main_guard
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
 from migrate_fsdp.rewrite.analysis.reexports import imported_elsewhere, imported_modules
 from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
@@ -88,6 +88,7 @@ class FileFacts:
     settings: dict = field(default_factory=dict)  # FSDP1 setting built apart from its constructors: Position -> the
     # keywords whose values it takes in their FSDP1 or FSDP2 form (an `_or_policy`'s `policies`)
     reads: dict = field(default_factory=dict)  # constructor Position -> keywords read by helpers taking FSDP2 forms too
+    script: bool = False  # it runs as a script (`if __name__ == "__main__":`)
     imports_fsdp1: bool = False  # names torch's FSDP1 (not fairscale's, not FSDP2)
     asked_about_fsdp1: bool = False  # a rule asked whether the program builds FSDP1 models at all
     part_of_world: bool = False  # a constructor here may shard its model over some ranks only
@@ -160,7 +161,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     if sources is None:  # what imports what is unknown: any module-level model may be imported
         imported = {f.path for f in facts}
     else:
-        imported = imported_modules(sources, remote_calls) if any(f.module_level or f.factories for f in facts) else set()
+        imported = imported_modules(sources, remote_calls) if any(f.module_level or f.factories or f.script for f in facts) else set()
     for file in facts:
         if file.path in imported:
             file.escaping |= file.module_level
@@ -194,7 +195,11 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         return use.untied and (use.sites or use.function not in dead or not use.handed_in)
 
     untied = sorted((f.path, key) for f in facts for key, use in f.uses.items() if reachable(use))
-    untied_staying = sorted(f"{use.code} in {f.path}" for f in facts for use in f.staying.values() if reachable(use))
+    # A model out of the program's sight runs no function of a script that no file imports (`python train.py`).
+    open_to_escapes = {f.path for f in facts if not f.script or f.path in imported}
+    untied_staying = sorted(
+        f"{use.code} in {f.path}" for f in facts for use in f.staying.values() if reachable(use) and f.path in open_to_escapes
+    )
     # An FSDP1 model that stays may meet a use on a model of unknown origin anywhere if it leaves the program's
     # sight; one the program follows meets only uses in the files it reaches (its own, those it is handed to).
     escaping = {}  # a constructor that converts but whose model may meet an untied use that stays -> that use
@@ -211,8 +216,9 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     while True:  # models held back by the uses they share hold back more uses in turn
         staying = staying_models()
         denied_untied = [(path, key) for path, key in untied if reaching(staying, path) is not None]
-        if (denied_untied or untied_staying) and not escaping:
-            first = untied_staying[0] if untied_staying else denied_untied[0]
+        open_denied = [(path, key) for path, key in denied_untied if path in open_to_escapes]
+        if (open_denied or untied_staying) and not escaping:
+            first = untied_staying[0] if untied_staying else open_denied[0]
             escaping = {(f.path, p): first for f in facts for p in f.escaping if f.constructors.get(p) and (f.path, p) not in held}
         more = {
             site: (path, key)
@@ -468,7 +474,12 @@ class Gate:
     def __init__(self, ctx, verdict: Verdict | None) -> None:
         self.ctx = ctx
         self.verdict = verdict
-        self.facts = FileFacts(ctx.path, imports_fsdp1=_imports_fsdp1(ctx), declared=declarations(ctx.module))
+        self.facts = FileFacts(
+            ctx.path,
+            imports_fsdp1=_imports_fsdp1(ctx),
+            declared=declarations(ctx.module),
+            script=any(is_main_guard(statement) for statement in ctx.module.body),
+        )
 
     def constructor(
         self, node, converts: bool, stack, reads: frozenset = frozenset(), part_of_world: bool = False, own_group: bool = False

@@ -5,6 +5,7 @@ from torch.distributed import get_world_size
 from torch.distributed.device_mesh import init_device_mesh
 
 from migrate_fsdp.rewrite.helpers._fsdp1_hybrid_mesh import _fsdp1_hybrid_mesh
+from migrate_fsdp.rewrite.helpers._fsdp1_replicate_mesh import _fsdp1_replicate_mesh
 
 
 def _fsdp1_sharding(strategy, device_type=None, mesh=None):
@@ -36,15 +37,18 @@ def _fsdp1_sharding(strategy, device_type=None, mesh=None):
         )
     elif name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
         mesh = _fsdp1_hybrid_mesh(mesh)
-    elif name == "NO_SHARD":
-        if mesh is not None:
-            raise NotImplementedError(
-                "NO_SHARD over a given device mesh: "
-                "pass fully_shard a 2-D (replicate, 1) mesh"
-            )
+    elif name == "NO_SHARD" and mesh is None:
         mesh = init_device_mesh(
             device_type, (world_size, 1), mesh_dim_names=("replicate", "shard")
         )
+    elif name == "NO_SHARD":
+        # FSDP1 read one group from it, which a 2-D mesh does not have
+        if mesh.ndim != 1:
+            raise NotImplementedError(
+                "NO_SHARD over a 2-D device mesh: "
+                "pass fully_shard a 2-D (replicate, 1) mesh"
+            )
+        mesh = _fsdp1_replicate_mesh(mesh)
     kwargs = {} if mesh is None else {"mesh": mesh}
     if name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
         kwargs["reshard_after_forward"] = False

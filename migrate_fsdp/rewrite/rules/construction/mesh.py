@@ -8,7 +8,8 @@ becomes `DeviceMesh.from_group`. Without either, FSDP1 shards over the
 default group, and for HYBRID_SHARD builds intra-node shard groups and
 inter-node replicate groups (`_init_intra_and_inter_node_groups`): the same
 as a `(world // devices_per_node, devices_per_node)` mesh. NO_SHARD is a
-`(world, 1)` mesh.
+`(world, 1)` mesh, and over a process group (or a 1-D mesh) of the user's a
+`(group size, 1)` mesh replicating over that group (`_fsdp1_replicate_mesh`).
 
 The mesh's device type must be where FSDP1 put the module: `device_id`'s type
 when given (a CPU/gloo run stays on CPU), else the current accelerator, which
@@ -24,6 +25,7 @@ from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID
 
 SHARDING_HELPER = "_fsdp1_sharding"
 HYBRID_MESH_HELPER = "_fsdp1_hybrid_mesh"
+REPLICATE_MESH_HELPER = "_fsdp1_replicate_mesh"
 
 
 class MeshRule(KeywordRule):
@@ -49,10 +51,11 @@ class MeshRule(KeywordRule):
             raise Unconvertible("FSDP1 rejects process_group and device_mesh together; keep one", written)
         strategy = plan.strategy
         if strategy.runtime is not None:
-            if group is not None and (strategy.possible is None or strategy.possible & {*HYBRID, "NO_SHARD"}):
+            if group is not None and (strategy.possible is None or strategy.possible & set(HYBRID)):
                 raise Unconvertible(
-                    "process_group with a sharding_strategy known only at run time that may be HYBRID_SHARD or "
-                    "NO_SHARD: build the DeviceMesh yourself (DeviceMesh.from_group) and pass it as device_mesh",
+                    "process_group with a sharding_strategy known only at run time that may be HYBRID_SHARD "
+                    "(an (intra-node, inter-node) pair of groups): build a 2-D DeviceMesh (replicate, shard) over "
+                    "the same ranks and pass it as device_mesh",
                     written,
                 )
             helper = self.ctx.add_helper(SHARDING_HELPER)
@@ -61,7 +64,7 @@ class MeshRule(KeywordRule):
                 args.append(device_type(self.analysis, plan) if plan.device is not None else cst.Name("None"))
             if user_mesh is not None:
                 args.append(user_mesh)
-            elif group is not None:  # FULL_SHARD or SHARD_GRAD_OP over the group's ranks
+            elif group is not None:  # FULL_SHARD, SHARD_GRAD_OP or NO_SHARD over the group's ranks
                 args.append(self._from_group(group, plan))
             plan.sharding = call(helper, *args)
             return
@@ -76,13 +79,11 @@ class MeshRule(KeywordRule):
                 plan.mesh = call(self.ctx.add_helper(HYBRID_MESH_HELPER), user_mesh)
             else:
                 plan.mesh = self._init_mesh(plan, "(WORLD // PER_NODE, PER_NODE)", named=True)
+        elif strategy.name == "NO_SHARD" and (group is not None or user_mesh is not None):
+            # replicated over the group's ranks: a (ranks, 1) mesh over the user's group (a 1-D mesh's, as FSDP1 read it)
+            helper = self.ctx.add_helper(REPLICATE_MESH_HELPER)
+            plan.mesh = call(helper, user_mesh) if user_mesh is not None else call(helper, group, device_type(self.analysis, plan))
         elif strategy.name == "NO_SHARD":
-            if group is not None or user_mesh is not None:
-                raise Unconvertible(
-                    "NO_SHARD over a given process group or device mesh: fully_shard needs a 2-D (replicate, 1) mesh "
-                    "over those ranks; build it and pass it as device_mesh with HYBRID_SHARD semantics",
-                    written or user_mesh,
-                )
             plan.mesh = self._init_mesh(plan, "(WORLD, 1)", named=True)
         elif user_mesh is not None:
             plan.mesh = user_mesh
