@@ -161,11 +161,11 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     if sources is None:  # what imports what is unknown: any module-level model may be imported
         imported = {f.path for f in facts}
     else:
-        imported = imported_modules(sources, remote_calls) if any(f.module_level or f.factories or f.script for f in facts) else set()
+        imported = imported_modules(sources, remote_calls) if any(f.module_level or f.factories for f in facts) else None
     for file in facts:
-        if file.path in imported:
+        if imported is not None and file.path in imported:
             file.escaping |= file.module_level
-    unseen_reads, reaches, state_reads = _tie_handed_on(facts, remote_calls, sources, imported)
+    unseen_reads, reaches, state_reads = _tie_handed_on(facts, remote_calls, sources, imported or set())
     adopted = _adopt_unsure_receivers(facts, sources or {})
     for file in facts:
         for use in file.uses.values():
@@ -195,10 +195,19 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         return use.untied and (use.sites or use.function not in dead or not use.handed_in)
 
     untied = sorted((f.path, key) for f in facts for key, use in f.uses.items() if reachable(use))
-    # A model out of the program's sight runs no function of a script that no file imports (`python train.py`).
-    open_to_escapes = {f.path for f in facts if not f.script or f.path in imported}
+    scripts = {f.path for f in facts if f.script}
+
+    def open_to_escapes(path: str) -> bool:
+        """A model out of the program's sight runs no function of a script that no file imports (`python train.py`)."""
+        nonlocal imported
+        if path not in scripts:
+            return True
+        if imported is None:  # what imports what, found only when it matters
+            imported = imported_modules(sources, remote_calls)
+        return path in imported
+
     untied_staying = sorted(
-        f"{use.code} in {f.path}" for f in facts for use in f.staying.values() if reachable(use) and f.path in open_to_escapes
+        f"{use.code} in {f.path}" for f in facts for use in f.staying.values() if reachable(use) and open_to_escapes(f.path)
     )
     # An FSDP1 model that stays may meet a use on a model of unknown origin anywhere if it leaves the program's
     # sight; one the program follows meets only uses in the files it reaches (its own, those it is handed to).
@@ -216,7 +225,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     while True:  # models held back by the uses they share hold back more uses in turn
         staying = staying_models()
         denied_untied = [(path, key) for path, key in untied if reaching(staying, path) is not None]
-        open_denied = [(path, key) for path, key in denied_untied if path in open_to_escapes]
+        open_denied = [(path, key) for path, key in denied_untied if open_to_escapes(path)]
         if (open_denied or untied_staying) and not escaping:
             first = untied_staying[0] if untied_staying else open_denied[0]
             escaping = {(f.path, p): first for f in facts for p in f.escaping if f.constructors.get(p) and (f.path, p) not in held}
