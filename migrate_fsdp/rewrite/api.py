@@ -62,8 +62,10 @@ class ParsedFile:
         """`wanted`: parse it even if it names nothing of FSDP (the program reads a model's state dict there)."""
         self.data, self.path, self.selection, self.todo = data, path, selection, todo
         self.done: RewriteResult | None = None  # the result, when there is nothing to rewrite
+        self.skipped = False  # not parsed, as not worth it
         self._ctx: FileContext | None = None
         if not wanted and not worth_parsing(data, selection):
+            self.skipped = True
             self.done = RewriteResult(path, data, data)
             return
         too_deep = nesting_python_refuses(data, path)
@@ -110,9 +112,12 @@ def rewrite_program(files: list[ParsedFile], sources: Mapping[str, bytes] | None
     sources = sources if sources is not None else {f.path: f.data for f in files}
     first = [file.rewrite() for file in files]
     verdicts, failure = decide_safely([facts for _, facts in first], sources)
-    late = late_files(verdicts, {file.path for file in files}, sources, files[0].selection, files[0].todo) if files and failure is None else []
-    if late:
-        files, first = [*files, *late], [*first, *(file.rewrite() for file in late)]
+    parsed = {file.path for file in files if not file.skipped}
+    late = {f.path: f for f in late_files(verdicts, parsed, sources, files[0].selection, files[0].todo)} if files and failure is None else {}
+    if late:  # given but skipped as not worth parsing, or only in `sources`
+        swapped = [late.pop(file.path, file) for file in files]
+        first = [file.rewrite() if file.path not in parsed else done for file, done in zip(swapped, first)]
+        files, first = [*swapped, *late.values()], [*first, *(file.rewrite() for file in late.values())]
         verdicts, failure = decide_safely([facts for _, facts in first], sources)
     if failure is not None:
         return [left_unchanged(result, failure) for result, _ in first]

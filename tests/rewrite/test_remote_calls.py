@@ -267,3 +267,20 @@ def test_a_model_out_of_sight_meets_no_use_in_a_script_nothing_imports():
     importer = b"from export import dump\n"
     held = _rewrite({"train.py": TRAIN_SCRIPT, "export.py": EXPORT_SCRIPT, "tools.py": importer})
     assert "model = FSDP(torch.nn.Linear(2, 2))" in held["train.py"]
+
+
+def test_deciding_again_for_a_file_naming_no_fsdp_keeps_what_the_first_decision_adopted():
+    """The checkpoint module names no FSDP, so the program parses it late and decides a second time; the loop's
+    `model.no_sync()` on a model of unknown origin, taken for the FSDP1 model's in a program nothing else gives that
+    method, must convert in that second decision too (else the model converts and its no_sync stays)."""
+    files = {
+        "train.py": b"import torch\nfrom torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n\n"
+        b"from ckpt import save\nfrom loop import step\n\n\ndef main():\n"
+        b"    model = FSDP(torch.nn.Linear(2, 2))\n    step(model)\n    save(model)\n",
+        "loop.py": b"def step(model):\n    with model.no_sync():\n        model(1).sum().backward()\n",
+        "ckpt.py": b"import torch\n\n\ndef save(model):\n    torch.save(model.state_dict(), 'm.pt')\n",
+    }
+    converted = _rewrite(files)
+    assert "fully_shard(torch.nn.Linear(2, 2))" in converted["train.py"]
+    assert "with fsdp2_no_sync(model):" in converted["loop.py"]
+    assert "torch.save(fsdp2_state_dict(model), 'm.pt')" in converted["ckpt.py"]

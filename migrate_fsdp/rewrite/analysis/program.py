@@ -294,7 +294,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         verdict.denied = {key: denial for (path, key), denial in denials.items() if path == file.path}
         verdicts[file.path] = verdict
     for (path, position), sites in state_reads.items():
-        if path not in by_path:  # a file not parsed: parse it and decide again (STATE_METHODS)
+        if not _parsed(by_path.get(path)):  # parse it and decide again (STATE_METHODS)
             verdicts.setdefault(path, Verdict()).state_reads.add(position)
         elif any(by_path[where].constructors[at] and at not in verdicts[where].blocked for where, at in sites):
             verdicts[path].state_reads.add(position)
@@ -311,7 +311,8 @@ def _adopt_unsure_receivers(facts: list[FileFacts], sources: Mapping[str, bytes]
     """Files whose `model.no_sync()` / `model.clip_grad_norm_(1.0)` on a receiver nothing is known of must be an
     FSDP1 model's: the program builds FSDP1 models and nothing else in it provides those methods. Such a call is
     then an untied use (it converts with the program's models) rather than one that stays."""
-    unsure = [f for f in facts if any(use.unsure for use in f.staying.values())]
+    # Adopted uses move to `uses` and keep `unsure`: deciding again (api.late_files) adopts them again.
+    unsure = [f for f in facts if any(use.unsure for use in (*f.staying.values(), *f.uses.values()))]
     if not unsure or not any(f.imports_fsdp1 or f.constructors for f in facts):
         return {}
     if any(_OTHER_PROVIDERS.search(sources[path]) for path in sources):
@@ -322,6 +323,8 @@ def _adopt_unsure_receivers(facts: list[FileFacts], sources: Mapping[str, bytes]
             if use.unsure:
                 del file.staying[key]
                 file.uses[key] = use
+        for key, use in file.uses.items():
+            if use.unsure:
                 adopted.setdefault(file.path, set()).add(key[0])
     return adopted
 
@@ -394,6 +397,10 @@ def _settings_read_out_of_sight(facts: list[FileFacts], state_reads: dict) -> di
     return found
 
 
+def _parsed(file: FileFacts | None) -> bool:
+    return file is not None and file.declared is not None
+
+
 def _unseen(file: FileFacts | None, reads, path: str) -> str | None:
     """The first read in `reads` ((position, attribute)) of `file` (at `path`) no rule took for an FSDP1 model's
     (one that converts or stays), for a message; None when a rule took each."""
@@ -438,7 +445,7 @@ def _tie_handed_on(
         for where, step in [(path, reach), *(f for f in found if f is not None)]:
             tie(where, step.callees, site)
             reached[site].add(where)
-            served = by_path[where].state_reads if where in by_path else None
+            served = by_path[where].state_reads if _parsed(by_path.get(where)) else None
             for position, attribute in step.fsdp1_reads:
                 if position in served if served is not None else attribute in STATE_METHODS:
                     state_reads.setdefault((where, position), set()).add(site)
