@@ -16,6 +16,7 @@ from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
 from migrate_fsdp.rewrite.analysis.program import DUAL_VERSION
 from migrate_fsdp.rewrite.context import _STATEMENT_TYPES, FileContext
 from migrate_fsdp.rewrite.diagnostics import is_todo
+from migrate_fsdp.rewrite.helpers import is_inserted_helper
 from migrate_fsdp.rewrite.syntax import chain_root, dotted
 
 LEFTOVER_CODE = "MF900"
@@ -40,6 +41,8 @@ class _Collector(cst.CSTVisitor):
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.ctx.stack.append(node)
+        if is_inserted_helper(node, self.ctx.stack[-2] if len(self.ctx.stack) >= 2 else None):
+            return False  # a helper a previous rewrite inserted: nothing in it is the user's
         if isinstance(node, (cst.Import, cst.ImportFrom)):
             self._note_torch_import(node)
         for hook in self.hooks.get(type(node).__name__, ()):
@@ -86,6 +89,9 @@ class Dispatcher(cst.CSTTransformer):
     def on_visit(self, node: cst.CSTNode) -> bool:
         ctx = self.ctx
         ctx.stack.append(node)
+        if is_inserted_helper(node, ctx.stack[-2] if len(ctx.stack) >= 2 else None):
+            self._dual_regions.add(id(node))  # left whole, like code that serves both versions
+            return False
         dual = ctx.dual_versions.why(node) if isinstance(node, _STATEMENT_TYPES) else None
         if dual is not None:
             # Code that serves both versions is left whole: no rule looks inside.

@@ -245,7 +245,7 @@ def test_new_imports_take_their_isort_places():
             get_model_state_dict,
         )
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard"""
+        from torch.distributed.fsdp import FSDPModule, fully_shard"""
     )
 
 

@@ -14,6 +14,7 @@ import textwrap
 import types
 
 import pytest
+from torch.distributed.fsdp import FSDPModule
 
 from migrate_fsdp.rewrite.api import rewrite_source
 
@@ -77,8 +78,11 @@ def rewritten():
     return result.code, module
 
 
-class RecordingModule:
+class RecordingModule(FSDPModule):
     """Stands in for an FSDP2 module: records what gradient sync is set to."""
+
+    def __new__(cls):  # FSDPModule's would build the class it was mixed into
+        return object.__new__(cls)
 
     def __init__(self):
         self.sync = True
@@ -89,6 +93,26 @@ class RecordingModule:
 
     def note(self):
         self.seen.append(self.sync)
+
+
+class OwnNoSync:
+    """Stands in for a DDP model (or an FSDP1 one that stays): it has a no_sync of its own."""
+
+    def __init__(self):
+        self.inside = []
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.inside.append(True)
+        yield
+        self.inside.append(False)
+
+
+def test_no_sync_leaves_a_module_fsdp2_did_not_shard_to_its_own_no_sync(rewritten):
+    _, helpers = rewritten
+    model = OwnNoSync()
+    helpers.accumulate(model, lambda: model.inside.append("body"))
+    assert model.inside == [True, "body", False]
 
 
 def test_no_sync_turns_sync_off_inside_and_back_on_after(rewritten):

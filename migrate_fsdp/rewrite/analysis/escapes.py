@@ -19,6 +19,7 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.guards import in_non_fsdp_branch
 from migrate_fsdp.rewrite.analysis.models import assignments_of
+from migrate_fsdp.rewrite.helpers import helper_names, is_inserted_helper
 from migrate_fsdp.rewrite.syntax import walk
 
 _INSPECTING_BUILTINS = tuple(
@@ -313,6 +314,10 @@ def _parameter(function: cst.FunctionDef, index: int | None, keyword: str | None
 def _cannot_hold_user_code(ctx, func) -> bool:
     if ctx.matches(func, *_INSPECTING_BUILTINS):
         return True
+    if isinstance(func, cst.Name) and func.value in helper_names():  # one a previous rewrite inserted
+        bindings = assignments_of(ctx.scope(func), func.value)
+        if len(bindings) == 1 and any(statement is bindings[0].node for statement in ctx.module.body):
+            return is_inserted_helper(bindings[0].node, ctx.module)
     names = ctx.qualified_names(func)
     return bool(names) and all(name == "torch" or name.startswith("torch.") for name in names)
 

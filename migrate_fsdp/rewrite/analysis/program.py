@@ -89,6 +89,7 @@ class FileFacts:
     # keywords whose values it takes in their FSDP1 or FSDP2 form (an `_or_policy`'s `policies`)
     reads: dict = field(default_factory=dict)  # constructor Position -> keywords read by helpers taking FSDP2 forms too
     script: bool = False  # it runs as a script (`if __name__ == "__main__":`)
+    dispatched: bool = False  # a call on a receiver of unknown origin took a helper serving any module (Gate.dispatch)
     imports_fsdp1: bool = False  # names torch's FSDP1 (not fairscale's, not FSDP2)
     asked_about_fsdp1: bool = False  # a rule asked whether the program builds FSDP1 models at all
     part_of_world: bool = False  # a constructor here may shard its model over some ranks only
@@ -113,6 +114,7 @@ class Verdict:
     fsdp1_receivers: set = field(default_factory=set)  # Positions of FSDP1-shaped calls on unknown receivers that
     # are FSDP1 models' (nothing else in the program has those methods)
     state_reads: set = field(default_factory=set)  # Positions of FileFacts.state_reads a converting model reaches
+    nothing_converts: bool = False  # no FSDP1 constructor of the program converts (Gate.dispatch)
     builds_fsdp1: bool = False  # another file of the program uses torch's FSDP1
     assumed: bool = False  # the first rewrite assumed the program builds FSDP1 models; it builds none
     part_of_world: bool = False  # a model of the program may be sharded over some ranks only (Gate.part_of_world)
@@ -126,6 +128,7 @@ class Verdict:
             or self.settings
             or self.fsdp1_receivers
             or self.state_reads
+            or self.nothing_converts
             or self.builds_fsdp1
             or self.assumed
             or self.part_of_world
@@ -298,6 +301,9 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             verdicts.setdefault(path, Verdict()).state_reads.add(position)
         elif any(by_path[where].constructors[at] and at not in verdicts[where].blocked for where, at in sites):
             verdicts[path].state_reads.add(position)
+    if not any(c and p not in verdicts[f.path].blocked for f in facts for p, c in f.constructors.items()):
+        for file in facts:
+            verdicts[file.path].nothing_converts = file.dispatched
     _convert_settings(facts, verdicts, ValueFlow(remote_calls))
     return {path: verdict for path, verdict in verdicts.items() if verdict}
 
@@ -548,6 +554,13 @@ class Gate:
         position = self.ctx.position(func)
         self.facts.state_reads.add(position)
         return self.verdict is not None and position in self.verdict.state_reads
+
+    def dispatch(self, func) -> bool:
+        """Whether the FSDP1-shaped call `func` (`model.no_sync`) on a receiver of unknown origin takes a helper
+        that serves any module (FSDP1's method for all but an FSDP2 module): yes, unless no FSDP1 model of the
+        program converts, when the helper would only add code. It needs no model to convert with it."""
+        self.facts.dispatched = True
+        return self.verdict is None or not self.verdict.nothing_converts
 
     def may_build_fsdp1(self) -> bool:
         """Whether a model this file cannot see may be torch's FSDP1 model: only when the program

@@ -12,9 +12,11 @@ then stays one expression: the `with` block, `model.no_sync() if c else
 nullcontext()`, `ExitStack.enter_context(model.no_sync())`, and the bound
 method stored for later (`functools.partial` of the helper).
 
-Only FSDP1 models are touched: DDP's `no_sync()` is left alone, and a receiver
-whose type the file does not show is reported (in a file that imports DDP but
-not FSDP1 it is presumed DDP's).
+Only FSDP1 models are touched: DDP's `no_sync()` is left alone. A receiver
+whose type the file does not show (a loop shared by DDP and FSDP runs) gets the
+helper too, which calls any other module's own `no_sync()`, unless no FSDP1
+model of the program converts; then it is reported (in a file that imports DDP
+but not FSDP1 it is presumed DDP's).
 """
 
 import libcst as cst
@@ -68,7 +70,11 @@ class NoSync(TrainingRule):
         kind = self.model_method_receiver_kind(func)
         if kind is Kind.FSDP:
             return self.fsdp2_ahead(func)
-        if kind is Kind.UNKNOWN and not self.models.file_may_hold_ddp and self.ctx.program.may_build_fsdp1():
+        if kind is not Kind.UNKNOWN or not self.ctx.program.may_build_fsdp1():
+            return False
+        if not self.ctx.dual_versions.holds(self.ctx.stack) and self.ctx.program.dispatch(func):
+            return True  # the helper calls any other module's own no_sync(): DDP's, an FSDP1 model's
+        if not self.models.file_may_hold_ddp:
             receiver = code_of(self.ctx, func.value)
             self.ctx.report(
                 func,
