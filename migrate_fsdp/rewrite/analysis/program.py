@@ -114,7 +114,7 @@ class Verdict:
     fsdp1_receivers: set = field(default_factory=set)  # Positions of FSDP1-shaped calls on unknown receivers that
     # are FSDP1 models' (nothing else in the program has those methods)
     state_reads: set = field(default_factory=set)  # Positions of FileFacts.state_reads a converting model reaches
-    nothing_converts: bool = False  # no FSDP1 constructor of the program converts (Gate.dispatch)
+    unreached: bool = False  # no FSDP1 model that converts may reach this file (Gate.dispatch)
     builds_fsdp1: bool = False  # another file of the program uses torch's FSDP1
     assumed: bool = False  # the first rewrite assumed the program builds FSDP1 models; it builds none
     part_of_world: bool = False  # a model of the program may be sharded over some ranks only (Gate.part_of_world)
@@ -128,7 +128,7 @@ class Verdict:
             or self.settings
             or self.fsdp1_receivers
             or self.state_reads
-            or self.nothing_converts
+            or self.unreached
             or self.builds_fsdp1
             or self.assumed
             or self.part_of_world
@@ -301,9 +301,10 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             verdicts.setdefault(path, Verdict()).state_reads.add(position)
         elif any(by_path[where].constructors[at] and at not in verdicts[where].blocked for where, at in sites):
             verdicts[path].state_reads.add(position)
-    if not any(c and p not in verdicts[f.path].blocked for f in facts for p, c in f.constructors.items()):
-        for file in facts:
-            verdicts[file.path].nothing_converts = file.dispatched
+    converting = [(f.path, p) for f in facts for p, c in f.constructors.items() if c and p not in verdicts[f.path].blocked]
+    for file in facts:
+        if file.dispatched and not any(reaches[site] is None or file.path in reaches[site] for site in converting):
+            verdicts[file.path].unreached = True
     _convert_settings(facts, verdicts, ValueFlow(remote_calls))
     return {path: verdict for path, verdict in verdicts.items() if verdict}
 
@@ -557,10 +558,11 @@ class Gate:
 
     def dispatch(self, func) -> bool:
         """Whether the FSDP1-shaped call `func` (`model.no_sync`) on a receiver of unknown origin takes a helper
-        that serves any module (FSDP1's method for all but an FSDP2 module): yes, unless no FSDP1 model of the
-        program converts, when the helper would only add code. It needs no model to convert with it."""
+        that serves any module (FSDP1's method for all but an FSDP2 module): yes, unless no FSDP1 model that
+        converts may reach this file (none is handed to it or goes out of sight), when the helper would only add
+        code. It needs no model to convert with it."""
         self.facts.dispatched = True
-        return self.verdict is None or not self.verdict.nothing_converts
+        return self.verdict is None or not self.verdict.unreached
 
     def may_build_fsdp1(self) -> bool:
         """Whether a model this file cannot see may be torch's FSDP1 model: only when the program

@@ -15,8 +15,8 @@ method stored for later (`functools.partial` of the helper).
 Only FSDP1 models are touched: DDP's `no_sync()` is left alone. A receiver
 whose type the file does not show (a loop shared by DDP and FSDP runs) gets the
 helper too, which calls any other module's own `no_sync()`, unless no FSDP1
-model of the program converts; then it is reported (in a file that imports DDP
-but not FSDP1 it is presumed DDP's).
+model that converts may reach the file; then it is reported (in a file that
+imports DDP but not FSDP1 it is presumed DDP's).
 """
 
 import libcst as cst
