@@ -190,6 +190,9 @@ class _DropUnusedImports(cst.CSTTransformer):
             return updated
         if not kept:
             return cst.RemoveFromParent()
+        if len(kept) == 1 and updated.lpar is not None and "#" not in cst.Module([]).code_for_node(updated):
+            # one name left of a parenthesised list: one line, as isort and black write it
+            return updated.with_changes(names=[kept[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)], lpar=None, rpar=None)
         return updated.with_changes(names=_without_trailing_comma(kept, updated.names))
 
     def leave_Import(self, original, updated):

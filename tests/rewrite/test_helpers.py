@@ -43,6 +43,8 @@ def test_the_rewrite_uses_every_helper_file():
         auto_wrap_policy.OR_HELPER,
         forward_prefetch.HELPER,
         mesh.SHARDING_HELPER,
+        mesh.SHARDING_OVER_HELPER,
+        "_fsdp1_strategy_name",  # inserted with the two above
         mesh.HYBRID_MESH_HELPER,
         mesh.REPLICATE_MESH_HELPER,
         mixed_precision.HELPER,

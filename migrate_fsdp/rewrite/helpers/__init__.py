@@ -47,15 +47,24 @@ def helper_source(name: str) -> HelperSource:
 
 @cache
 def helper_names() -> frozenset[str]:
-    """The name of every helper: a module-level function of that name in a rewritten file is one the rewrite
-    inserted, which no rule reads again and through which no model goes anywhere."""
+    """The name of every helper: a module-level function of that name in a rewritten
+    file is one the rewrite inserted, which no rule reads again and through which no
+    model goes anywhere."""
     files = resources.files(__package__).iterdir()
-    return frozenset(path.name[:-3] for path in files if path.name.endswith(".py") and path.name != "__init__.py")
+    return frozenset(
+        path.name[:-3]
+        for path in files
+        if path.name.endswith(".py") and path.name != "__init__.py"
+    )
 
 
 def is_inserted_helper(node, parent) -> bool:
-    """`node` is a module-level definition of a helper (`parent`: the node holding it)."""
-    return isinstance(node, cst.FunctionDef) and isinstance(parent, cst.Module) and node.name.value in helper_names()
+    """`node` is a module-level definition of a helper (`parent`: its parent)."""
+    return (
+        isinstance(node, cst.FunctionDef)
+        and isinstance(parent, cst.Module)
+        and node.name.value in helper_names()
+    )
 
 
 @cache

@@ -24,6 +24,7 @@ from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconverti
 from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID
 
 SHARDING_HELPER = "_fsdp1_sharding"
+SHARDING_OVER_HELPER = "_fsdp1_sharding_over"
 HYBRID_MESH_HELPER = "_fsdp1_hybrid_mesh"
 REPLICATE_MESH_HELPER = "_fsdp1_replicate_mesh"
 
@@ -58,15 +59,16 @@ class MeshRule(KeywordRule):
                     "the same ranks and pass it as device_mesh",
                     written,
                 )
-            helper = self.ctx.add_helper(SHARDING_HELPER)
-            args = [strategy.runtime]
-            if plan.device is not None or user_mesh is not None or group is not None:
-                args.append(device_type(self.analysis, plan) if plan.device is not None else cst.Name("None"))
-            if user_mesh is not None:
-                args.append(user_mesh)
+            if user_mesh is not None:  # which may be None at run time
+                args = [strategy.runtime, user_mesh, *([device_type(self.analysis, plan)] if plan.device is not None else [])]
+                plan.sharding = call(self.ctx.add_helper(SHARDING_OVER_HELPER), *args)
             elif group is not None:  # FULL_SHARD, SHARD_GRAD_OP or NO_SHARD over the group's ranks
-                args.append(self._from_group(group, plan))
-            plan.sharding = call(helper, *args)
+                over = self._from_group(group, plan)
+                plan.sharding = call(self.ctx.add_helper(SHARDING_OVER_HELPER), strategy.runtime, over)
+            elif plan.device is not None:
+                plan.sharding = call(self.ctx.add_helper(SHARDING_HELPER), strategy.runtime, device_type(self.analysis, plan))
+            else:
+                plan.sharding = call(self.ctx.add_helper(SHARDING_HELPER), strategy.runtime)
             return
         if strategy.name in HYBRID:
             if group is not None:
