@@ -73,6 +73,16 @@ class _Wrapper(cst.CSTTransformer):
             return updated
         return updated.with_changes(body=[statement.with_changes(value=self._split(value, indent, 0))])
 
+    def leave_For(self, original, updated):
+        """A `for` header the rewrite made too long (`for module in _fsdp1_wrap_targets(...):`): its iterable split."""
+        header = self._code(updated.with_changes(leading_lines=())).split("\n", 1)[0]
+        indent = len("".join(self.indents))
+        if indent + len(header) <= self.limit or header.strip() in self.kept or not isinstance(updated.iter, cst.Call):
+            return updated
+        if not _splittable(updated.iter) or "(" not in header:
+            return updated
+        return updated.with_changes(iter=self._split(updated.iter, indent, 0))
+
     def _code(self, node) -> str:
         return self.module.code_for_node(node)
 

@@ -267,7 +267,8 @@ class AutoWrapPolicyRule(KeywordRule):
             return prefix + statements(
                 """
                 for V in TARGETS:
-                    if isinstance(V, FP):  # FSDP1 kept these in full precision under MixedPrecision
+                    # FSDP1 kept these in full precision under MixedPrecision
+                    if isinstance(V, FP):
                         FP_CHILD
                     else:
                         CHILD
@@ -290,7 +291,8 @@ class AutoWrapPolicyRule(KeywordRule):
             {loop_head}
                 if {skipped}:
                     continue
-                if isinstance(V, FP):  # FSDP1 kept these in full precision under MixedPrecision
+                # FSDP1 kept these in full precision under MixedPrecision
+                if isinstance(V, FP):
                     FP_CHILD
                 {chosen}
                     CHILD
