@@ -63,7 +63,9 @@ class _Wrapper(cst.CSTTransformer):
             return updated
         code = self._code(updated.with_changes(leading_lines=())).rstrip("\r\n")
         indent = len("".join(self.indents))
-        if "\n" in code or indent + len(code) <= self.limit or code.strip() in self.kept:
+        if "\n" in code:
+            return self._long_arguments_split(updated, indent)
+        if indent + len(code) <= self.limit or code.strip() in self.kept:
             return updated
         statement = updated.body[0]
         if isinstance(statement, cst.ImportFrom) and not isinstance(statement.names, cst.ImportStar):
@@ -72,6 +74,23 @@ class _Wrapper(cst.CSTTransformer):
         if not _splittable(value):
             return updated
         return updated.with_changes(body=[statement.with_changes(value=self._split(value, indent, 0))])
+
+    def _long_arguments_split(self, line, indent: int):
+        """A call laid out an argument a line (the FSDP1 call's layout, kept) whose argument the rewrite made too
+        long (`mp_policy=A if bf16 else B`): that argument split in turn."""
+        statement = line.body[0]
+        call = getattr(statement, "value", None)
+        opening = call.whitespace_before_args if isinstance(call, cst.Call) else None
+        if not isinstance(opening, cst.ParenthesizedWhitespace):
+            return line
+        level = len(opening.last_line.value)
+        args = []
+        for arg in call.args:
+            text = self._code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip()
+            mine = text in self.kept or f"{text}," in self.kept  # the user's own line, however long
+            long = "\n" not in text and indent + level + len(text) + 1 > self.limit and not mine
+            args.append(arg.with_changes(value=self._split(arg.value, indent, level)) if long and _splittable(arg.value) else arg)
+        return line.with_changes(body=[statement.with_changes(value=call.with_changes(args=args))])
 
     def leave_For(self, original, updated):
         """A `for` header the rewrite made too long (`for module in _fsdp1_wrap_targets(...):`): its iterable split."""

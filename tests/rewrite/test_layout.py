@@ -105,3 +105,38 @@ def test_lines_written_verbatim_elsewhere_stay_as_they_are():
     rewritten = f"def policy(exclude_wrap_modules):\n{helper}\n"
     result = wrap_long_lines(cst.parse_module(rewritten), "", frozenset({helper.strip()})).code
     assert result == rewritten
+
+
+def test_a_call_kept_an_argument_a_line_splits_the_argument_the_rewrite_made_too_long():
+    """The FSDP1 call's one-argument-a-line layout is kept; an argument that no longer fits (held-out round 14:
+    136 characters) is split in turn. An argument line the file already had stays, however long."""
+    original = """\
+        def build(model, args, offload):
+            return FSDP(
+                model,
+                mixed_precision=bf16 if args.bf16 else None,
+                cpu_offload=CPUOffload(offload_params=True) if offload and args.really_long_option_name else None,
+            )
+        """
+    rewritten = """\
+        def build(model, args, offload):
+            return fully_shard(
+                model,
+                mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if args.bf16 else MixedPrecisionPolicy(),
+                cpu_offload=CPUOffload(offload_params=True) if offload and args.really_long_option_name else None,
+            )
+        """
+    assert wrapped(original, rewritten) == textwrap.dedent(
+        """\
+        def build(model, args, offload):
+            return fully_shard(
+                model,
+                mp_policy=(
+                    MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                    if args.bf16
+                    else MixedPrecisionPolicy()
+                ),
+                cpu_offload=CPUOffload(offload_params=True) if offload and args.really_long_option_name else None,
+            )
+        """
+    )
