@@ -18,13 +18,18 @@ pytestmark = pytest.mark.slow  # launches torchrun (2 gloo ranks)
 CASE = FIXTURES / "projects" / "recipe_runtime"
 
 
-def _train(tmp_path, side: str, *flags: str):
+def _run(tmp_path, case, side: str, script: str, saved: str, *flags: str):
+    """One side of a fixture project run on 2 gloo ranks with `--save_dir`: its step lines and the file it saved."""
     project = tmp_path / side
-    shutil.copytree(CASE / side, project)
+    shutil.copytree(case / side, project)
     saves = tmp_path / f"{side}_saves"
     saves.mkdir()
-    done = torchrun(project / "recipe" / "train.py", "--save_dir", saves, *flags, env={"PYTHONPATH": str(project)})
-    return step_lines(done.stdout), torch.load(saves / "ckpt.pt", weights_only=False)
+    done = torchrun(project / script, "--save_dir", saves, *flags, env={"PYTHONPATH": str(project)})
+    return step_lines(done.stdout), torch.load(saves / saved, weights_only=False)
+
+
+def _train(tmp_path, side: str, *flags: str):
+    return _run(tmp_path, CASE, side, "recipe/train.py", "ckpt.pt", *flags)
 
 
 def test_fp32_losses_and_norms_match_and_the_checkpoints_hold_the_same_state(tmp_path):
@@ -54,12 +59,7 @@ SHARED_LOOP = FIXTURES / "projects" / "shared_loop"
 
 
 def _train_shared_loop(tmp_path, side: str, *flags: str):
-    project = tmp_path / side
-    shutil.copytree(SHARED_LOOP / side, project)
-    saves = tmp_path / f"{side}_saves"
-    saves.mkdir()
-    done = torchrun(project / "loop" / "train.py", "--save_dir", saves, *flags, env={"PYTHONPATH": str(project)})
-    return step_lines(done.stdout), torch.load(saves / "model.pt", weights_only=False)
+    return _run(tmp_path, SHARED_LOOP, side, "loop/train.py", "model.pt", *flags)
 
 
 @pytest.mark.parametrize("flags", [(), ("--zero2",)], ids=["full_shard", "shard_grad_op"])
@@ -85,15 +85,7 @@ SECOND_ENTRY = FIXTURES / "projects" / "second_entry_point"
 def test_a_training_script_converts_beside_an_entry_point_whose_model_stays(tmp_path):
     """fixtures/projects/second_entry_point: export.py's model stays FSDP1 (a wrapper internal), and nothing hands it
     on or imports it, so train.py's model and its loop in another module convert, and train as before."""
-    runs = {}
-    for side in ("before", "after"):
-        project = tmp_path / side
-        shutil.copytree(SECOND_ENTRY / side, project)
-        saves = tmp_path / f"{side}_saves"
-        saves.mkdir()
-        done = torchrun(project / "entry" / "train.py", "--save_dir", saves, env={"PYTHONPATH": str(project)})
-        runs[side] = step_lines(done.stdout), torch.load(saves / "model.pt", weights_only=False)
-    (old_steps, old), (new_steps, new) = runs["before"], runs["after"]
+    (old_steps, old), (new_steps, new) = (_run(tmp_path, SECOND_ENTRY, side, "entry/train.py", "model.pt") for side in ("before", "after"))
     assert len(old_steps) == 4
     for old_line, new_line in zip(old_steps, new_steps, strict=True):
         old_numbers, new_numbers = [float(w) for w in old_line.split()[1::2]], [float(w) for w in new_line.split()[1::2]]
@@ -114,15 +106,9 @@ def test_checkpoint_helpers_serving_any_model_save_and_resume_alike(tmp_path, fl
     """fixtures/projects/checkpoint_helpers: save and load helpers in a module naming no FSDP take FSDP, DDP and
     plain models; the rewrite has them give an FSDP2 model FSDP1's full state dict and leaves the others' calls as
     they were. Saved before resuming and after, both versions: the same losses and the same final checkpoint."""
-    runs = {}
-    for side in ("before", "after"):
-        project = tmp_path / side
-        shutil.copytree(CHECKPOINT_HELPERS / side, project)
-        saves = tmp_path / f"{side}_saves"
-        saves.mkdir()
-        done = torchrun(project / "resume" / "train.py", "--save_dir", saves, *flags, env={"PYTHONPATH": str(project)})
-        runs[side] = step_lines(done.stdout), torch.load(saves / "model.pt", weights_only=False)
-    (old_steps, old), (new_steps, new) = runs["before"], runs["after"]
+    (old_steps, old), (new_steps, new) = (
+        _run(tmp_path, CHECKPOINT_HELPERS, side, "resume/train.py", "model.pt", *flags) for side in ("before", "after")
+    )
     assert len(old_steps) == 4 and new_steps == old_steps
     assert sorted(new) == sorted(old)
     for name, tensor in old.items():
