@@ -109,28 +109,34 @@ class ParsedFile:
 def rewrite_program(files: list[ParsedFile], sources: Mapping[str, bytes] | None = None) -> list[RewriteResult]:
     """Rewrite files that form one program: each model converts together with all its uses, or not at all.
     `sources`: every file of the program by path, also those not worth parsing (default: `files`)."""
+    if not files:
+        return []
     sources = sources if sources is not None else {f.path: f.data for f in files}
-    first = [file.rewrite() for file in files]
-    verdicts, failure = decide_safely([facts for _, facts in first], sources)
-    parsed = {file.path for file in files if not file.skipped}
-    late = {f.path: f for f in late_files(verdicts, parsed, sources, files[0].selection, files[0].todo)} if files and failure is None else {}
-    if late:  # given but skipped as not worth parsing, or only in `sources`
-        swapped = [late.pop(file.path, file) for file in files]
-        first = [file.rewrite() if file.path not in parsed else done for file, done in zip(swapped, first)]
-        files, first = [*swapped, *late.values()], [*first, *(file.rewrite() for file in late.values())]
-        verdicts, failure = decide_safely([facts for _, facts in first], sources)
+    by_path = {file.path: file for file in files}
+    first = {path: file.rewrite() for path, file in by_path.items()}
+    parsed = {path for path, file in by_path.items() if not file.skipped}
+    verdicts, failure, late = decide_with_late_files(first, parsed, sources, files[0].selection, files[0].todo)
+    by_path.update((file.path, file) for file in late)  # a file given but skipped keeps its place
     if failure is not None:
-        return [left_unchanged(result, failure) for result, _ in first]
-    return [file.rewrite(verdicts[file.path])[0] if file.path in verdicts else result for file, (result, _) in zip(files, first)]
+        return [left_unchanged(first[path][0], failure) for path in by_path]
+    return [file.rewrite(verdicts[path])[0] if path in verdicts else first[path][0] for path, file in by_path.items()]
 
 
-def late_files(
-    verdicts: Mapping[str, Verdict], parsed: set[str], sources: Mapping[str, bytes], selection: Selection, todo: bool
-) -> list[ParsedFile]:
-    """The files the program has verdicts for but did not parse (`parsed`: the paths it did): they name no FSDP,
-    and the program reads the state dict of one of its models there (analysis/program.py, STATE_METHODS). Their
-    facts join a second decision."""
-    return [ParsedFile(sources[path], path, selection, todo, wanted=True) for path in sorted(set(verdicts) - parsed)]
+def decide_with_late_files(
+    first: dict, parsed: set[str], sources: Mapping[str, bytes], selection: Selection, todo: bool
+) -> tuple[dict[str, Verdict], Exception | None, list[ParsedFile]]:
+    """The program's verdicts from `first` (path -> first rewrite and facts, or None), and the files it has verdicts
+    for but did not parse (`parsed`: the paths it did): they name no FSDP, and the program reads the state dict of one
+    of its models there (analysis/program.py, STATE_METHODS). Those are parsed here, their first rewrites join
+    `first`, and the program decided again with their facts."""
+    verdicts, failure = decide_safely([facts for _, facts in first.values() if facts is not None], sources)
+    if failure is not None:
+        return verdicts, failure, []
+    late = [ParsedFile(sources[path], path, selection, todo, wanted=True) for path in sorted(set(verdicts) - parsed)]
+    if late:
+        first.update((file.path, file.rewrite()) for file in late)
+        verdicts, failure = decide_safely([facts for _, facts in first.values() if facts is not None], sources)
+    return verdicts, failure, late
 
 
 def decide_safely(facts: list[FileFacts], sources: Mapping[str, bytes]) -> tuple[dict[str, Verdict], Exception | None]:

@@ -96,9 +96,9 @@ class _Wrapper(cst.CSTTransformer):
         """A `for` header the rewrite made too long (`for module in _fsdp1_wrap_targets(...):`): its iterable split."""
         header = self._code(updated.with_changes(leading_lines=())).split("\n", 1)[0]
         indent = len("".join(self.indents))
-        if indent + len(header) <= self.limit or header.strip() in self.kept or not isinstance(updated.iter, cst.Call):
+        if indent + len(header) <= self.limit or header.strip() in self.kept:
             return updated
-        if not _splittable(updated.iter) or "(" not in header:
+        if not isinstance(updated.iter, cst.Call) or not _splittable(updated.iter):
             return updated
         return updated.with_changes(iter=self._split(updated.iter, indent, 0))
 

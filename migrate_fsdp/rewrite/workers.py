@@ -18,7 +18,7 @@ import signal
 from multiprocessing import get_context
 
 from migrate_fsdp.lifeline import die_with_parent
-from migrate_fsdp.rewrite.api import ParsedFile, RewriteResult, decide_safely, late_files, left_unchanged, rewrite_program
+from migrate_fsdp.rewrite.api import ParsedFile, RewriteResult, decide_with_late_files, left_unchanged, rewrite_program
 from migrate_fsdp.rewrite.diagnostics import Diagnostic
 from migrate_fsdp.rewrite.selection import INTERNAL_ERROR, Selection
 
@@ -49,11 +49,7 @@ def rewrite_files(
         first = {}
         for pipe, share in zip(pipes, shares):
             first.update(_receive(pipe, share))
-        verdicts, failure = decide_safely([facts for _, facts in first.values() if facts is not None], sources)
-        late = late_files(verdicts, set(first), sources, selection, todo) if failure is None else []
-        if late:  # few files, parsed here
-            first.update((file.path, file.rewrite()) for file in late)
-            verdicts, failure = decide_safely([facts for _, facts in first.values() if facts is not None], sources)
+        verdicts, failure, late = decide_with_late_files(first, set(first), sources, selection, todo)  # few, parsed here
         if failure is not None:
             return [left_unchanged(first[path][0], failure) for path in [*(path for path, _ in jobs), *(f.path for f in late)]]
         for pipe, share in zip(pipes, shares):

@@ -296,12 +296,12 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
                 verdict.blocked[position] = f"stays FSDP1 with the FSDP(...) in {where(blocker)}, which shares its uses"
         verdict.denied = {key: denial for (path, key), denial in denials.items() if path == file.path}
         verdicts[file.path] = verdict
+    converting = {(f.path, p) for f in facts for p, c in f.constructors.items() if c and p not in verdicts[f.path].blocked}
     for (path, position), sites in state_reads.items():
         if not _parsed(by_path.get(path)):  # parse it and decide again (STATE_METHODS)
             verdicts.setdefault(path, Verdict()).state_reads.add(position)
-        elif any(by_path[where].constructors[at] and at not in verdicts[where].blocked for where, at in sites):
+        elif sites & converting:
             verdicts[path].state_reads.add(position)
-    converting = [(f.path, p) for f in facts for p, c in f.constructors.items() if c and p not in verdicts[f.path].blocked]
     for file in facts:
         if file.dispatched and not any(reaches[site] is None or file.path in reaches[site] for site in converting):
             verdicts[file.path].unreached = True
@@ -318,7 +318,7 @@ def _adopt_unsure_receivers(facts: list[FileFacts], sources: Mapping[str, bytes]
     """Files whose `model.no_sync()` / `model.clip_grad_norm_(1.0)` on a receiver nothing is known of must be an
     FSDP1 model's: the program builds FSDP1 models and nothing else in it provides those methods. Such a call is
     then an untied use (it converts with the program's models) rather than one that stays."""
-    # Adopted uses move to `uses` and keep `unsure`: deciding again (api.late_files) adopts them again.
+    # Adopted uses move to `uses` and keep `unsure`: deciding again (api.decide_with_late_files) adopts them again.
     unsure = [f for f in facts if any(use.unsure for use in (*f.staying.values(), *f.uses.values()))]
     if not unsure or not any(f.imports_fsdp1 or f.constructors for f in facts):
         return {}

@@ -59,16 +59,15 @@ class MeshRule(KeywordRule):
                     "the same ranks and pass it as device_mesh",
                     written,
                 )
-            if user_mesh is not None:  # which may be None at run time
-                args = [strategy.runtime, user_mesh, *([device_type(self.analysis, plan)] if plan.device is not None else [])]
-                plan.sharding = call(self.ctx.add_helper(SHARDING_OVER_HELPER), *args)
-            elif group is not None:  # FULL_SHARD, SHARD_GRAD_OP or NO_SHARD over the group's ranks
+            if group is not None:  # FULL_SHARD, SHARD_GRAD_OP or NO_SHARD over the group's ranks
                 over = self._from_group(group, plan)
                 plan.sharding = call(self.ctx.add_helper(SHARDING_OVER_HELPER), strategy.runtime, over)
-            elif plan.device is not None:
-                plan.sharding = call(self.ctx.add_helper(SHARDING_HELPER), strategy.runtime, device_type(self.analysis, plan))
+                return
+            device = [device_type(self.analysis, plan)] if plan.device is not None else []
+            if user_mesh is not None:  # which may be None at run time: then the default group on `device`
+                plan.sharding = call(self.ctx.add_helper(SHARDING_OVER_HELPER), strategy.runtime, user_mesh, *device)
             else:
-                plan.sharding = call(self.ctx.add_helper(SHARDING_HELPER), strategy.runtime)
+                plan.sharding = call(self.ctx.add_helper(SHARDING_HELPER), strategy.runtime, *device)
             return
         if strategy.name in HYBRID:
             if group is not None:

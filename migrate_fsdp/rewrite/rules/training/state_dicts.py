@@ -443,7 +443,7 @@ class StateDictPlan:
                 return "another state-dict type is set on the same model inside it"
             if self._reads_only(outer):
                 return None
-        if context.wrapped_here and (_handed_to_function(parent, parents) or isinstance(parent, cst.Return)):
+        if context.wrapped_here and _handed_on(parent, parents):
             context.handed_on = True
             return None
         return f"`{context.model}` is used where the state-dict setting may apply out of sight ({self._describe(node, parents)})"
@@ -466,7 +466,7 @@ class StateDictPlan:
                 continue
             if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.Arg) and self._reads_only(parents[-2])):
                 continue
-            if context.wrapped_here and (_handed_to_function(parent, parents) or isinstance(parent, cst.Return)):
+            if context.wrapped_here and _handed_on(parent, parents):
                 context.handed_on = True
                 continue
             return f"`{node.value}` is handed to other code ({self._describe(access_node, parents)}), where the setting would still apply"
@@ -709,7 +709,10 @@ def _commas(args: list) -> list:
     return result
 
 
-def _handed_to_function(parent, parents) -> bool:
-    """The model is an argument of `function(...)`: the program follows it there (analysis/escapes.py), and keeps
-    the setting, and the model, FSDP1 if a state dict of it is read there (analysis/program.py)."""
+def _handed_on(parent, parents) -> bool:
+    """The model is an argument of `function(...)`, or what the function returns: the program follows it there
+    (analysis/escapes.py, factory_callers.py), and keeps the setting, and the model, FSDP1 if a state dict of it is
+    read there (analysis/program.py)."""
+    if isinstance(parent, cst.Return):
+        return True
     return isinstance(parent, cst.Arg) and isinstance(parents[-2], cst.Call) and isinstance(parents[-2].func, cst.Name)
