@@ -151,7 +151,7 @@ class FileContext:
         self._covered.add(id(node))
         if code in self.use_codes:
             self.program.stays(node, code, tuple(self.stack), unsure)
-        if self._todo:
+        if self._todo and not self._announced_above(code):
             edits = self._edits_for(self.statement())
             if code not in edits.todos:
                 edits.todos.append(code)
@@ -211,6 +211,16 @@ class FileContext:
 
     def diagnostics(self) -> list[Diagnostic]:
         return sorted({Diagnostic(self.path, *self.position(node), code, message) for node, code, message in self._reports})
+
+    def _announced_above(self, code: str) -> bool:
+        """Whether a statement around the current one (a `def`, `if` or `with` header) has a TODO for
+        `code` already: one line above the block points at it, the report lists every site."""
+        statement = self.statement()
+        return any(
+            code in self._edits[id(node)].todos
+            for node in self.stack
+            if node is not statement and isinstance(node, _STATEMENT_TYPES) and id(node) in self._edits
+        )
 
     def _edits_for(self, statement: cst.CSTNode) -> _StatementEdits:
         return self._edits.setdefault(id(statement), _StatementEdits())

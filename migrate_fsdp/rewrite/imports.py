@@ -42,13 +42,18 @@ class _UsedNames(cst.CSTVisitor):
     def visit_ImportFrom(self, node) -> bool:
         return False
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        if self._scoped:
-            self._local.append(local_imports(node))
-
-    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
-        if self._scoped:
-            self._local.pop()
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if not self._scoped:
+            return True
+        # Decorators, defaults and annotations run where the function is defined: the names it imports
+        # itself do not serve them (`def config(self) -> "MixedPrecision":` then a local import).
+        for part in (*node.decorators, node.params, node.returns):
+            if part is not None:
+                part.visit(self)
+        self._local.append(local_imports(node))
+        node.body.visit(self)
+        self._local.pop()
+        return False
 
     def _shadowed(self, name: str) -> bool:
         return any(name in names for names in self._local)
@@ -483,6 +488,8 @@ def _sorted_position(body: list, position: int, module: str) -> int:
     (a formatter run afterwards then leaves the line where it is)."""
     start = position
     while position > 0 and (_from_module(body[position - 1]) or "") > module:
+        if _is_stdlib(_from_module(body[position - 1])) != _is_stdlib(module):
+            break  # the standard library's section ends here
         position -= 1
         if _starts_block(body[position]):
             break  # now first of that line's section: further up is another section

@@ -25,7 +25,7 @@ def expected_diagnostics(case: Path) -> list[str]:
 
 
 def unmarked_leftovers(code: str) -> list[str]:
-    """FSDP1 references in `code` whose statement carries no TODO comment.
+    """FSDP1 references in `code` with no TODO comment on their statement or a block around it.
 
     Independent of the rules: a leftover-only run finds every FSDP1
     reference, and the parse of the output says whether a TODO sits above
@@ -45,9 +45,8 @@ def unmarked_leftovers(code: str) -> list[str]:
             for pos, node in statements
             if (pos.start.line, pos.start.column) <= (diagnostic.line, diagnostic.col - 1) <= (pos.end.line, pos.end.column)
         ]
-        # innermost statement: the one starting last
-        _, statement = max(holding, key=lambda item: (item[0].start.line, item[0].start.column))
-        comments = [line.comment.value for line in statement.leading_lines if line.comment]
+        # the statement holding it, or a block around it (one TODO above a block covers its lines)
+        comments = [line.comment.value for _, statement in holding for line in statement.leading_lines if line.comment]
         if not any(c.startswith("# TODO(migrate-fsdp):") for c in comments):
             missing.append(str(diagnostic))
     return missing
