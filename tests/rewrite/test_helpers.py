@@ -286,15 +286,21 @@ def test_unshared_steps_give_each_parameter_its_own_step_and_keep_the_rest():
 
 
 @pytest.mark.parametrize(
-    "kind, full", [("FULL_STATE_DICT", True), ("SHARDED_STATE_DICT", False), (StateDictType.FULL_STATE_DICT, True)]
+    "kind, full",
+    [
+        ("FULL_STATE_DICT", True),
+        ("SHARDED_STATE_DICT", False),
+        (StateDictType.FULL_STATE_DICT, True),
+        (StateDictType.LOCAL_STATE_DICT, False),
+    ],
 )
 def test_full_state_dict_reads_fsdp1s_type_as_a_member_or_its_name(kind, full):
     assert helper("_fsdp1_full_state_dict")(kind) is full
 
 
-def test_full_state_dict_refuses_local_state_dict_when_it_runs():
-    with pytest.raises(ValueError, match="no FSDP2 form"):
-        helper("_fsdp1_full_state_dict")(StateDictType.LOCAL_STATE_DICT)
+def test_full_state_dict_refuses_a_misspelt_type_when_it_runs():
+    with pytest.raises(ValueError, match="unknown FSDP1 state-dict type"):
+        helper("_fsdp1_full_state_dict")("FULL_STATEDICT")
 
 
 def test_state_dict_helpers_leave_modules_fsdp2_did_not_shard_to_their_own_methods():

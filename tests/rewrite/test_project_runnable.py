@@ -65,8 +65,8 @@ def _train_shared_loop(tmp_path, side: str, *flags: str):
 @pytest.mark.parametrize("flags", [(), ("--zero2",)], ids=["full_shard", "shard_grad_op"])
 def test_a_model_handed_to_a_shared_loop_and_a_checkpoint_module_trains_alike(tmp_path, flags):
     """fixtures/projects/shared_loop: the model goes to a no_sync loop of its file, a step in another module that
-    clips under `if cfg.enable_fsdp:`, and a checkpoint module whose uncalled LOCAL_STATE_DICT and scatter
-    functions stay FSDP1; a kwargs dict the script prints stays as printed."""
+    clips under `if cfg.enable_fsdp:`, and a checkpoint module whose uncalled scatter function stays FSDP1 (its
+    LOCAL_STATE_DICT load converts); a kwargs dict the script prints stays as printed."""
     old_steps, old = _train_shared_loop(tmp_path, "before", *flags)
     new_steps, new = _train_shared_loop(tmp_path, "after", *flags)
     assert len(old_steps) == len(new_steps) == 4

@@ -23,7 +23,6 @@ def main(module):
 
 CKPT = b'''import torch
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import StateDictType
 
 
 def save(model):
@@ -31,8 +30,8 @@ def save(model):
 
 %s
 def load_local(model):
-    with FSDP.state_dict_type(model, StateDictType.LOCAL_STATE_DICT):
-        model.load_state_dict(torch.load("local.pt"))
+    with FSDP.summon_full_params(model):
+        model.load_state_dict(torch.load("full.pt"))
 '''
 
 INIT = b'''from pkg.ckpt import load_local, save
@@ -55,7 +54,7 @@ def test_a_function_only_exported_holds_nothing_back():
     files = {"pkg/__init__.py": INIT, "pkg/train.py": TRAIN, "pkg/ckpt.py": CKPT % b""}
     out = _rewrite(files)
     assert "fully_shard(module" in out["pkg/train.py"]
-    assert "FSDP.state_dict_type(model, StateDictType.LOCAL_STATE_DICT)" in out["pkg/ckpt.py"]
+    assert "FSDP.summon_full_params(model)" in out["pkg/ckpt.py"]
 
 
 @pytest.mark.parametrize(

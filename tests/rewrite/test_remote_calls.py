@@ -26,12 +26,11 @@ LOOP = b'''def train_epoch(model, batches):
 
 # A use nobody can trace that stays FSDP1: it holds back every model that may reach it.
 LEGACY = b'''from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import StateDictType
 
 
 def save_local(model):
-    with FSDP.state_dict_type(model, StateDictType.LOCAL_STATE_DICT):
-        return model.state_dict()
+    with FSDP.summon_full_params(model):
+        return {name: p.clone() for name, p in model.named_parameters()}, model
 '''
 
 CALLS_LEGACY = b"from pkg.legacy import save_local\n\nsave_local(object())\n"

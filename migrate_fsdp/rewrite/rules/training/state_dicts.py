@@ -19,8 +19,10 @@ the sharded FSDP2 state dict tensor by tensor and moves it to CPU or keeps it
 on rank 0 only, as FSDP1 did. Loading a FULL optimizer state with
 `rank0_only=True` broadcasts from rank 0 (`broadcast_from_rank0=True`).
 SHARDED maps to the sharded FSDP2 state dict, `offload_to_cpu` to
-`cpu_offload`. LOCAL (flat-parameter shards) has no FSDP2 form; a LOCAL block
-that takes no state dict of its model (it saves the optimizer's own) only goes.
+`cpu_offload`. So does LOCAL: FSDP2 has no flat parameters, and each rank's
+own shards are its sharded state dict, keyed by parameter name (a program
+saves and loads its own checkpoints as before; LOCAL files an FSDP1 run wrote
+do not load, see docs/rules/MF202.md).
 
 A context is removed only when every use of its model inside it is one this
 code converts; a model passed to other code inside the block (a
@@ -92,7 +94,7 @@ _CONFIGS = {
 @dataclass(frozen=True)
 class RunTimeKind:
     """A state-dict type known only at run time (`cfg.checkpoint_type`), read again where each state dict is
-    taken: FULL or SHARDED there (a helper raises on LOCAL, which has no FSDP2 form)."""
+    taken: FULL, or sharded for SHARDED and LOCAL."""
 
     value: cst.BaseExpression
 
@@ -208,12 +210,6 @@ class StateDictPlan:
         if context.model:
             problem = self._check_region(context, region, method, stack, optim_rule_selected)
             failure = failure or problem
-        if settings is not None and settings.kind == LOCAL and context.uses:  # one read elsewhere: analysis/program.py
-            context.settings = None  # what it governs has no FSDP2 form
-            failure = failure or (
-                "LOCAL_STATE_DICT (FSDP1's flat-parameter shards) has no FSDP2 form: use the sharded "
-                "`get_model_state_dict(model)` (DTensors) or a full state dict"
-            )
         context.failure = failure
         return context
 
@@ -247,9 +243,8 @@ class StateDictPlan:
                 value = _single_index(value) or value  # `StateDictType[name]`: the helper takes the name itself
             problem = self._run_time_kind(value, bound, block)
             return (Settings(RunTimeKind(value)), None) if problem is None else (None, problem)
-        if kind == LOCAL:  # a block that takes no state dict of the model is only dropped (see _context)
-            return Settings(LOCAL), None
-        values = {"model": (False, False), "optim": (True, False)}
+        # FSDP1's default optimizer config offloads, but not LOCAL's (api.py: LocalOptimStateDictConfig)
+        values = {"model": (False, False), "optim": (kind != LOCAL, False)}
         for name, for_optim in (("state_dict_config", False), ("optim_state_dict_config", True)):
             arg = bound.get(name)
             if arg is None or (isinstance(arg.value, cst.Name) and arg.value.value == "None"):
@@ -262,6 +257,8 @@ class StateDictPlan:
                 return None, f"`{self.ctx.code(arg.value)}` does not match {kind} (FSDP1 raises on it)"
             values["optim" if for_optim else "model"] = (offload, rank0)
         (model_offload, model_rank0), (optim_offload, optim_rank0) = values["model"], values["optim"]
+        # LOCAL's flat-parameter shards have no FSDP2 form; each rank's own shards, by name, are FSDP2's sharded state
+        kind = SHARDED if kind == LOCAL else kind
         return Settings(kind, model_offload, model_rank0, optim_offload, optim_rank0), None
 
     def _run_time_kind(self, value, bound, block) -> str | None:
