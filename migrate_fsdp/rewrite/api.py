@@ -170,6 +170,7 @@ def _rewrite_module(ctx: FileContext, module: cst.Module, data: bytes, selection
     rules = [rule(ctx) for rule in selection.rules()]
     dispatcher = Dispatcher(ctx, rules, catch_leftovers=LEFTOVER in selection)
     new_module = dispatcher.run()
+    ctx.program.meet()
     diagnostics = ctx.diagnostics()
     if not dispatcher.changed:
         return RewriteResult(path, data, data, diagnostics, module.encoding)

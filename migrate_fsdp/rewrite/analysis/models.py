@@ -826,19 +826,19 @@ class FsdpModels:
         out_of_sight = {id(c): Kind.PLAIN for c in self.constructors} | {FSDP2: Kind.PLAIN}
         return Origins(ties, fsdp2, self._assuming(out_of_sight, sharded))
 
-    def holder_origins(self, node, stack) -> "Origins | None":
+    def holder_origins(self, node, stack, module: bool = False) -> "Origins | None":
         """Where the sharded models come from that the module `node` holds as submodules (`teacher["backbone"] =
         FSDP(...)`, `self.student.head = FSDP(...)`, `nn.ModuleList([FSDP(b) for b in blocks])`), or that its
         element `node` (`d[k]`) is; None when it holds none. Its `state_dict()` then gathers each FSDP1 child's
-        full tensors, where FSDP2's are DTensor shards."""
-        held = self._held(node, tuple(stack))
+        full tensors, where FSDP2's are DTensor shards. `module`: `node` is known to be a module (FSDP wraps it)."""
+        held = self._held(node, tuple(stack), module)
 
         def holds() -> bool:
             return any(self._definition_kind(d, None, 1) is Kind.FSDP for d in held)
 
         return self._traced_origins(holds) if held and self._assuming({}, holds) else None
 
-    def _held(self, node, path) -> list:
+    def _held(self, node, path, module: bool = False) -> list:
         """What may be stored in the module `node` names, as definitions of those values."""
         element = isinstance(node, cst.Subscript)
         while isinstance(node, cst.Subscript):  # an element of a container: a sharded model, or a holder of some
@@ -854,7 +854,7 @@ class FsdpModels:
             if key_owner == owner and (key == chain + deeper or key.startswith(chain + "."))
             for d in definitions
         ]
-        if not element and not self._is_module(keys, node, path):
+        if not element and not module and not self._is_module(keys, node, path):
             held = []
         if isinstance(node, cst.Name) or len(keys) == 1:
             held += [d for definition in self._definitions_of(node, path) for d in self._built_holding(definition)]
@@ -908,7 +908,9 @@ class FsdpModels:
             if instance_of is not None:
                 return self._is_module_class(instance_of)
             definitions = self._chains.get((owner, chain), ()) if chain != dotted(node) else self._definitions_of(node, path)
-            if definitions and all(isinstance(d.value, cst.Call) and self._builds_module(d.value.func) for d in definitions):
+            # an FSDP(...) of it is a module too (`model = FSDP(model)` after `model[i] = FSDP(model[i])`)
+            built = [d for d in definitions if not any(d.value is c for c in self.constructors)]
+            if built and all(isinstance(d.value, cst.Call) and self._builds_module(d.value.func) for d in built):
                 return True
         return False
 

@@ -43,6 +43,7 @@ from migrate_fsdp.rewrite.syntax import dotted, import_aliases, walk
 BLOCKED = "MF003"  # a use of a model whose constructor stays FSDP1
 KEPT_FSDP1 = "MF004"  # a use of a model from out of sight, in a program that keeps FSDP1 models
 DUAL_VERSION = "MF005"  # code that already serves FSDP1 and FSDP2
+TIE = "tie"  # not a rule's code: a statement where models of several constructors meet (Gate.meet)
 
 Position = tuple[int, int]  # line, column (1-based) of an original node
 
@@ -505,11 +506,21 @@ class Gate:
         )
 
     def constructor(
-        self, node, converts: bool, stack, reads: frozenset = frozenset(), part_of_world: bool = False, own_group: bool = False
+        self,
+        node,
+        converts: bool,
+        stack,
+        reads: frozenset = frozenset(),
+        part_of_world: bool = False,
+        own_group: bool = False,
+        module=None,
     ) -> str | None:
         """Why the constructor `node` (at `stack`) must stay FSDP1 although it could convert, if it must.
         `reads`: its keywords whose values a helper reads at run time, in their FSDP1 or FSDP2 form;
-        `part_of_world`: it may shard its model over some ranks only; `own_group`: over a group of the user's."""
+        `part_of_world`: it may shard its model over some ranks only; `own_group`: over a group of the user's;
+        `module`: the module it wraps, which may hold models sharded before (`model[i] = FSDP(model[i])`, then
+        `FSDP(model)`): FSDP1 cannot wrap FSDP2's DTensor parameters, nor FSDP2 FSDP1's flat ones, so those
+        constructors stand or fall with this one."""
         position = self.ctx.position(node)
         self.facts.part_of_world |= part_of_world and converts
         self.facts.own_groups |= own_group and converts
@@ -531,9 +542,54 @@ class Gate:
                 self.facts.fsdp1_reads[position] = reach.fsdp1_reads
             if reach and reach.remotes:
                 self.facts.remotes[position] = reach.remotes
+            if module is not None:
+                self._tie(self._origins(module, stack, wrapped=True)[0] | {position}, node, stack)
         if not converts or self.verdict is None:
             return None
         return self.verdict.blocked.get(position)
+
+    def meet(self) -> None:
+        """Record the statements of the file where models of several of its constructors meet (`ema(student,
+        teacher)`, a loop over both models' parameters): they stand or fall together, as FSDP2's DTensor
+        parameters do not mix with an FSDP1 model's plain tensors. Called once the first rewrite is done."""
+        if self.verdict is not None or len(fsdp_models(self.ctx).constructors) < 2:
+            return
+        for node, parents in walk(self.ctx.module):
+            if isinstance(node, cst.SimpleStatementLine):
+                parts = [node]
+            elif isinstance(node, cst.For):
+                parts = [node.target, node.iter]
+            elif isinstance(node, cst.With):
+                parts = list(node.items)
+            else:
+                continue
+            stack = (*parents, node)
+            models = {}  # each model the statement names (its longest chain that is one) -> its constructors
+            for part in parts:
+                for expression, above in walk(part):
+                    if isinstance(expression, (cst.Name, cst.Attribute)) and not _chain_inside(expression, above):
+                        named = self._named_model(expression, stack)
+                        if named is not None:
+                            models[dotted(named[0])] = named[1]
+            if len(models) > 1:
+                self._tie(set().union(*models.values()), node, stack)
+
+    def _named_model(self, chain, stack):
+        """(the longest prefix of `chain` that is a model or holds models, their constructors' positions), if any."""
+        models = fsdp_models(self.ctx)
+        while dotted(chain):
+            origins = models.origins(chain, stack) or models.holder_origins(chain, stack)
+            if origins is not None and origins.constructors:
+                return chain, {self.ctx.position(c) for c in origins.constructors}
+            if not isinstance(chain, cst.Attribute):
+                return None
+            chain = chain.value
+        return None
+
+    def _tie(self, ties: set, node, stack) -> None:
+        """Constructors (positions) that stand or fall together: a use of no rule's ties them (decide)."""
+        if len(ties) > 1:
+            self.facts.uses[(self.ctx.position(node), TIE)] = Use(TIE, frozenset(ties), False, _function(stack), False)
 
     def setting(self, node, reads: frozenset = frozenset()) -> bool:
         """Record `node`, an FSDP1 setting built apart from its constructors (`bf16 = MixedPrecision(...)`);
@@ -617,12 +673,14 @@ class Gate:
         inside = (*stack, node) if not stack or stack[-1] is not node else stack
         return any(checked_instance(self.ctx, inside, dotted(e), FSDP_CLASS) for e in _model_expressions(node))
 
-    def _origins(self, node, stack) -> tuple[set, bool, bool]:
-        """(positions of the constructors, a model out of sight, an FSDP2 module) that may reach `node`."""
+    def _origins(self, node, stack, wrapped: bool = False) -> tuple[set, bool, bool]:
+        """(positions of the constructors, a model out of sight, an FSDP2 module) that may reach `node`; `wrapped`:
+        `node` is the module an FSDP(...) wraps."""
         models = fsdp_models(self.ctx)
         ties, untied, fsdp2 = set(), False, False
         for expression in _model_expressions(node):
-            origins = models.origins(expression, stack) or models.holder_origins(expression, stack)
+            module = wrapped and expression is node
+            origins = models.origins(expression, stack) or models.holder_origins(expression, stack, module)
             if origins is not None:
                 ties |= {self.ctx.position(c) for c in origins.constructors}
                 untied = untied or origins.untied
@@ -648,6 +706,11 @@ class Gate:
             code, frozenset(ties), untied or not ties, _function(stack), _handed_in(node, stack), lasting=lasting, governed=governed
         )
         return self.verdict.denied.get(key) if self.verdict is not None else None
+
+
+def _chain_inside(node, above) -> bool:
+    """`node` is part of a longer attribute chain (`student` in `student.parameters`)."""
+    return bool(above) and isinstance(above[-1], cst.Attribute) and above[-1].value is node
 
 
 def _function(stack) -> str:

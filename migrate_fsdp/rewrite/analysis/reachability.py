@@ -1,7 +1,7 @@
 """Functions no code of the program calls: their FSDP1 code cannot meet the program's models.
 
 A checkpoint module often keeps functions nobody calls any more
-(`load_distributed_model_checkpoint` with LOCAL_STATE_DICT, a
+(a `load_distributed_model_checkpoint` for a checkpoint format of the past, a
 `scatter_full_optim_state_dict` whose result is never loaded), exported from a
 package `__init__` and nothing else. Their FSDP1 code on a parameter cannot
 be converted; counted as reachable, it would hold back every constructor whose

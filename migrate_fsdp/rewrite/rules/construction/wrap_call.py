@@ -160,6 +160,7 @@ class WrapCall(Rule):
                 reads=_read_at_run_time(plan),
                 part_of_world=_part_of_world(plan),
                 own_group=plan.process_group is not None or plan.device_mesh is not None,
+                module=plan.module,
             )
             if why is not None:
                 plan.problems.append(Problem(site.node, BLOCKED, _LEFT_AS_IS + why))

@@ -166,8 +166,8 @@ class OptimStateDict(UsesStateDictPlan):
         broadcast = settings.kind == FULL and settings.optim_rank0
         result = self._load(original, updated, bound, settings.kind, broadcast, bound["optim"], load_directly)
         if result is not None and sharded_load is not None:
-            line, replacement = sharded_load
-            self._sharded_loads[id(line)] = (line, replacement())
+            line, replacement, model_state = sharded_load
+            self._sharded_loads[id(line)] = (line, replacement(), model_state)
         return result
 
     def _sharded_load(self, bound, settings):
@@ -194,6 +194,7 @@ class OptimStateDict(UsesStateDictPlan):
         if self.ctx.code(key) != self.ctx.code(value.slice[0].slice.value):
             return None
         name = value.value.value
+        model_state = self._model_state_only_for(loader, line)
 
         def replacement() -> list[cst.BaseStatement]:
             get = Builder(self.ctx).call("get_optimizer_state_dict", [model, optim], None)
@@ -201,7 +202,27 @@ class OptimStateDict(UsesStateDictPlan):
             readers = {k: loader[k].value for k in ("storage_reader", "planner") if k in loader}
             return [*statements(f"{name} = {{KEY: GET}}", KEY=key, GET=get), cst.SimpleStatementLine([cst.Expr(call(load, cst.Name(name), **readers))])]
 
-        return line, replacement
+        return line, replacement, model_state
+
+    def _model_state_only_for(self, loader, line) -> str | None:
+        """The name of the model state dict taken on the line right before the loader's (`sd = model.state_dict()`)
+        only for its `model_state_dict=`, which FSDP2's load does not take: that line goes with it."""
+        value = loader["model_state_dict"].value if "model_state_dict" in loader else None
+        if not isinstance(value, cst.Name):
+            return None
+        assignments = assignments_of(self.ctx.scope(value), value.value)
+        if len(assignments) != 1 or len(assignments[0].references) != 1:
+            return None
+        assign, state_line = self._assign_of(assignments[0].node)
+        block = next((n for n in reversed(self.ctx.stack) if isinstance(n, (cst.IndentedBlock, cst.Module))), None)
+        body = list(block.body) if block is not None else []
+        index = next((i for i, statement in enumerate(body) if statement is line), 0)
+        if state_line is None or index == 0 or body[index - 1] is not state_line:
+            return None
+        read = assign.value
+        if not (isinstance(read, cst.Call) and not read.args and isinstance(read.func, cst.Attribute) and read.func.attr.value == "state_dict"):
+            return None
+        return value.value
 
     def leave_IndentedBlock(self, original, updated):
         return super().leave_IndentedBlock(original, self._replace_sharded_loads(original, updated))
@@ -216,12 +237,13 @@ class OptimStateDict(UsesStateDictPlan):
         if not lines:
             return updated
         body = list(updated.body)
-        for line, replacement in lines:
+        for line, replacement, model_state in lines:
             index = next(i for i, statement in enumerate(body) if statement.deep_equals(line) or (
                 isinstance(statement, cst.SimpleStatementLine) and statement.body[0].deep_equals(line.body[0])
             ))
-            replacement[0] = replacement[0].with_changes(leading_lines=body[index].leading_lines)
-            body[index : index + 1] = replacement
+            first = index - 1 if model_state is not None and index > 0 and _assigns(body[index - 1], model_state) else index
+            replacement[0] = replacement[0].with_changes(leading_lines=body[first].leading_lines)
+            body[first : index + 1] = replacement
         return updated.with_changes(body=body)
 
     def _from_sharded_loader(self, node) -> bool:
@@ -503,3 +525,9 @@ def _binds(statement, name: str) -> bool:
             for branch in branches
         )
     return False
+
+
+def _assigns(statement, name: str) -> bool:
+    """`statement` is a line binding `name` alone (`name = ...`)."""
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+    return isinstance(small, cst.Assign) and len(small.targets) == 1 and dotted(small.targets[0].target) == name

@@ -16,8 +16,9 @@ parameters, the rewrite reshards that model, as FSDP1 had.
 Nothing of FSDP1 is named here: where a model known to be FSDP1's stays
 FSDP1 the statement stays as it is, unreported. A module of unknown origin
 (a helper's parameter, `self.teacher[k]` in a module naming no FSDP) is
-resharded whenever the program builds FSDP1 models: that does nothing to a
-module holding no FSDP2 module.
+resharded wherever an FSDP1 model that converts may reach it: that does
+nothing to a module holding no FSDP2 module. A program whose models all stay
+FSDP1 gets no FSDP2 code at all.
 """
 
 import libcst as cst
@@ -53,9 +54,9 @@ class ParametersAfterForward(TrainingRule):
         known = self.models.is_fsdp_model(model) or self.models.holder_origins(model, stack) is not None
         if known and self.ctx.program.use(original, self.code, stack) is not None:
             return updated  # the model stays FSDP1 (or may be FSDP2 already): nothing changes here
-        if not known and not self.ctx.program.may_build_fsdp1():
-            return updated  # a module of unknown origin (`self.teacher[k]`), in a program that builds FSDP1 models:
-            # resharding it is a no-op where it holds no FSDP2 module, so it needs no verdict
+        if not known and not (self.ctx.program.may_build_fsdp1() and self.ctx.program.dispatch(original.func)):
+            return updated  # a module of unknown origin (`self.teacher[k]`) is resharded where an FSDP1 model that
+            # converts may reach it: that is a no-op where it holds no FSDP2 module, so it needs no verdict
         done = self.ctx.facts.setdefault(self.code, set())
         key = (id(self.ctx.statement()), dotted(model) or self.ctx.code(model))
         if key not in done and not self._resharded_before(model):

@@ -13,8 +13,9 @@ with the options that reproduce FSDP1's FULL / SHARDED settings exactly
 (state_dicts.py). An FSDP1 model's `state_dict()` outside any such block was
 FSDP1's default, a full state dict on every rank, and is converted as such:
 FSDP2's plain `state_dict()` would silently return DTensor shards. LOCAL
-state dicts, configs known only at run time, and blocks whose model is
-handed to code we cannot follow are reported.
+state dicts become sharded ones; configs known only at run time that cannot
+be read again, and blocks whose model is handed to code we cannot follow, are
+reported.
 """
 
 import libcst as cst
