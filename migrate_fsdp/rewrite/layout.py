@@ -21,7 +21,7 @@ import tokenize
 
 import libcst as cst
 
-_BLACK = 88
+BLACK_LINE = 88
 _INDENT = 4
 
 
@@ -33,8 +33,8 @@ def line_length(source: str) -> int:
             if token.type not in (tokenize.COMMENT, tokenize.STRING, tokenize.NL, tokenize.NEWLINE):
                 longest = max(longest, token.end[1])
     except (tokenize.TokenError, SyntaxError):
-        return _BLACK
-    return max(_BLACK, longest)
+        return BLACK_LINE
+    return max(BLACK_LINE, longest)
 
 
 def wrap_long_lines(module: cst.Module, original_source: str, verbatim: frozenset[str] = frozenset()) -> cst.Module:

@@ -310,3 +310,21 @@ def test_state_dict_helpers_leave_modules_fsdp2_did_not_shard_to_their_own_metho
     result = helper("fsdp2_load_state_dict")(model, state, strict=False)
     assert result.missing_keys == ["0.bias"] and result.unexpected_keys == ["extra"]
     assert torch.equal(model[0].weight, torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize(
+    "strategy, device_type, expected",
+    [
+        ("FULL_SHARD", "cpu", {"mesh": ("cpu", (2,))}),
+        ("SHARD_GRAD_OP", "cpu", {"mesh": ("cpu", (2,)), "reshard_after_forward": False}),
+        ("FULL_SHARD", None, {}),
+        ("SHARD_GRAD_OP", None, {"reshard_after_forward": False}),
+    ],
+)
+def test_sharding_keeps_fsdp1s_device_where_it_was_given(monkeypatch, strategy, device_type, expected):
+    """FSDP1 sharded over device_id's device: a CPU program keeps a CPU mesh even where CUDA is (fully_shard's
+    default mesh is the accelerator's). Without a device, FSDP1's and FSDP2's defaults are the same device."""
+    sharding = importlib.import_module("migrate_fsdp.rewrite.helpers._fsdp1_sharding")
+    monkeypatch.setattr(sharding, "get_world_size", lambda: 2)
+    monkeypatch.setattr(sharding, "init_device_mesh", lambda device, shape, **names: (device, shape))
+    assert sharding._fsdp1_sharding(strategy, device_type) == expected

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.layout import BLACK_LINE
 from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, expression, is_reevaluable, keyword, statements, with_commas
 from migrate_fsdp.rewrite.rules.construction.mixed_precision import CAST_BUFFERS_HELPER, RunTime
 
@@ -313,6 +314,9 @@ class Emitter:
             laid = with_commas(new_args)
             laid[-1] = laid[-1].with_changes(whitespace_after_arg=old[-1].whitespace_after_arg)
             return call_node.with_changes(args=laid)
+        one_line = self._one_line(call_node, new_args)
+        if one_line is not None and not any(_line_end(a) or _lines_above(old, a) for a in old):
+            return one_line  # short, and no comment to keep in place: as black writes it
         sources = [old[0]] + [self._source(arg.keyword.value) if arg.keyword else None for arg in new_args[1:]]
         laid = []
         for index, (arg, source) in enumerate(zip(new_args, sources)):
@@ -329,6 +333,17 @@ class Emitter:
                 closing_space = closing_space.with_changes(first_line=line_end)
             laid.append(arg.with_changes(comma=closing_comma, whitespace_after_arg=closing_space))
         return call_node.with_changes(args=laid)
+
+    def _one_line(self, call_node: cst.Call, new_args: list[cst.Arg]) -> cst.Call | None:
+        """`call_node` with `new_args` on one line, if that fits black's line where the FSDP1 call started."""
+        laid = with_commas(new_args)
+        laid[-1] = laid[-1].with_changes(whitespace_after_arg=cst.SimpleWhitespace(""))
+        one_line = call_node.with_changes(args=laid, whitespace_before_args=cst.SimpleWhitespace(""))
+        code = cst.Module([]).code_for_node(one_line)
+        opening = call_node.whitespace_before_args
+        if "\n" in code or "#" in code or getattr(opening, "first_line", cst.TrailingWhitespace()).comment:
+            return None
+        return one_line if self.ctx.position(self.anchor)[1] - 1 + len(code) <= BLACK_LINE else None
 
     def _comments_of(self, original_arg: cst.Arg) -> list[cst.EmptyLine]:
         """The comment lines above an argument of the FSDP1 call and the comment ending its line."""

@@ -183,11 +183,13 @@ class MetaInitRule(KeywordRule):
         program loads or initialises them (torchtune loads a full state dict next)."""
         names, anchor = self.analysis.names, plan.site.node
         submodule = names.fresh(anchor, "submodule", "fsdp_submodule")
+        tensors = names.fresh(anchor, "tensors", "fsdp_tensors")
         tensor = names.fresh(anchor, "tensor", "fsdp_tensor")
         return statements(
             f"""
             for {submodule} in MODULE.modules():
-                if any({tensor}.is_meta for {tensor} in [*{submodule}.parameters(recurse=False), *{submodule}.buffers(recurse=False)]):
+                {tensors} = [*{submodule}.parameters(recurse=False), *{submodule}.buffers(recurse=False)]
+                if any({tensor}.is_meta for {tensor} in {tensors}):
                     {submodule}.to_empty(device=DEVICE, recurse=False)
             """,
             MODULE=module,
