@@ -16,7 +16,7 @@ TODO_WIDTH = 100  # the longest TODO line, indentation included
 TODO_REASONS = {
     "MF001": "file does not parse",
     "MF002": "internal error while rewriting",
-    "MF003": "model's FSDP(...) stays FSDP1, so this stays too",
+    "MF003": "kept FSDP1 with the rest of its model's code",
     "MF004": "model may be FSDP1: convert its FSDP(...) first",
     "MF005": "serves FSDP1 and FSDP2; left as is",
     "MF006": "file cannot be read or written",
