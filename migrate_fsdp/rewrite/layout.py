@@ -110,6 +110,8 @@ class _Wrapper(cst.CSTTransformer):
         indentation `start`."""
         if isinstance(node, cst.IfExp):
             return self._split_conditional(node, start, level)
+        if isinstance(node, _COMPREHENSIONS):
+            return self._split_comprehension(node, start, level)
         inner = level + _INDENT
         items = _items(node)
         hugged = " ".join(self._code(item).strip() for item in items)
@@ -122,6 +124,33 @@ class _Wrapper(cst.CSTTransformer):
                 item = item.with_changes(value=self._split(item.value, start, inner))
             split_items.append(item)
         return _laid_out(node, split_items, inner, level, one_a_line=True)
+
+    def _split_comprehension(self, node, start: int, level: int):
+        """`[elt for x in xs if c]` with its element, each `for` and each `if` on a line of its own (black's split),
+        an element still too long split in turn."""
+        inner = level + _INDENT
+
+        def laid_out(comp_for: cst.CompFor) -> cst.CompFor:
+            ifs = [test.with_changes(whitespace_before=_newline(inner)) for test in comp_for.ifs]
+            nested = laid_out(comp_for.inner_for_in) if comp_for.inner_for_in is not None else None
+            return comp_for.with_changes(whitespace_before=_newline(inner), ifs=ifs, inner_for_in=nested)
+
+        changes = {"for_in": laid_out(node.for_in)}
+        element = "value" if isinstance(node, cst.DictComp) else "elt"
+        value = getattr(node, element)
+        text = self._code(node.key if isinstance(node, cst.DictComp) else value).strip()
+        if start + inner + len(text) > self.limit and _splittable(value):
+            changes[element] = self._split(value, start, inner)
+        if isinstance(node, cst.ListComp):
+            changes["lbracket"] = cst.LeftSquareBracket(whitespace_after=_newline(inner))
+            changes["rbracket"] = cst.RightSquareBracket(whitespace_before=_newline(level))
+        elif isinstance(node, cst.GeneratorExp):
+            changes["lpar"] = [cst.LeftParen(whitespace_after=_newline(inner))]
+            changes["rpar"] = [cst.RightParen(whitespace_before=_newline(level))]
+        else:
+            changes["lbrace"] = cst.LeftCurlyBrace(whitespace_after=_newline(inner))
+            changes["rbrace"] = cst.RightCurlyBrace(whitespace_before=_newline(level))
+        return node.with_changes(**changes)
 
     def _split_conditional(self, node: cst.IfExp, start: int, level: int) -> cst.IfExp:
         """`a if t else b if u else c` in parentheses, a line for each part (black's ternary split), a part that is
@@ -160,9 +189,14 @@ def _import_exploded(statement: cst.ImportFrom) -> cst.ImportFrom:
     )
 
 
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
 def _splittable(node) -> bool:
     if isinstance(node, cst.IfExp):
         return True
+    if isinstance(node, _COMPREHENSIONS):
+        return not isinstance(node, cst.GeneratorExp) or bool(node.lpar)  # a call's only argument shares its brackets
     if isinstance(node, cst.Call):
         args = node.args
         return bool(args) and not any(isinstance(a.value, cst.GeneratorExp) and not a.value.lpar for a in args)

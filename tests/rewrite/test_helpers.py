@@ -52,6 +52,7 @@ def test_the_rewrite_uses_every_helper_file():
         settings_where_defined.HELPER,
         settings_where_defined.LAMBDA_HELPER,
         clip_grad_norm.HELPER_NAME,
+        clip_grad_norm.ANY_MODULE_HELPER,
         fsdp_modules.HELPER_NAME,
         no_sync.HELPER_NAME,
         optim_state_dict.LATER_HELPER,
@@ -328,3 +329,15 @@ def test_sharding_keeps_fsdp1s_device_where_it_was_given(monkeypatch, strategy, 
     monkeypatch.setattr(sharding, "get_world_size", lambda: 2)
     monkeypatch.setattr(sharding, "init_device_mesh", lambda device, shape, **names: (device, shape))
     assert sharding._fsdp1_sharding(strategy, device_type) == expected
+
+
+def test_module_clip_grad_norm_leaves_a_module_fsdp2_did_not_shard_to_its_own_method():
+    """An FSDP1 model that stays (or anything with the method) clips itself, with the arguments it was given."""
+
+    class OwnClip:
+        def clip_grad_norm_(self, max_norm, norm_type=2.0):
+            self.called = (max_norm, norm_type)
+            return torch.tensor(3.0)
+
+    model = OwnClip()
+    assert helper("fsdp2_module_clip_grad_norm_")(model, 1.0, 1.0) == 3.0 and model.called == (1.0, 1.0)

@@ -140,3 +140,33 @@ def test_a_call_kept_an_argument_a_line_splits_the_argument_the_rewrite_made_too
             )
         """
     )
+
+
+def test_a_long_comprehension_puts_its_element_and_each_clause_on_a_line():
+    original = """\
+        def wrap(modules, cpu):
+            return {k: FSDP(m, device_id=torch.device("cpu")) for k, m in modules.items() if k not in cpu}
+        """
+    rewritten = """\
+        def wrap(modules, cpu):
+            return {k: fully_shard(m, mesh=init_device_mesh("cpu", (torch.distributed.get_world_size(),))) for k, m in modules.items() if k not in cpu}
+            shards = [fully_shard(block, mesh=init_device_mesh("cpu", (torch.distributed.get_world_size(),)), reshard_after_forward=False) for block in blocks]
+        """
+    assert wrapped(original, rewritten) == textwrap.dedent(
+        """\
+        def wrap(modules, cpu):
+            return {
+                k: fully_shard(m, mesh=init_device_mesh("cpu", (torch.distributed.get_world_size(),)))
+                for k, m in modules.items()
+                if k not in cpu
+            }
+            shards = [
+                fully_shard(
+                    block,
+                    mesh=init_device_mesh("cpu", (torch.distributed.get_world_size(),)),
+                    reshard_after_forward=False,
+                )
+                for block in blocks
+            ]
+        """
+    )

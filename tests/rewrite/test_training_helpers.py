@@ -180,6 +180,14 @@ CHILD = textwrap.dedent(
     expected = torch.linalg.vector_norm(torch.stack([p.grad.full_tensor().norm() for p in model.parameters()]))
     norm = helpers.clip(model)
     assert type(norm) is torch.Tensor and torch.allclose(norm, expected), (type(norm), norm, expected)
+    # the same for a model of unknown origin (MF205's any-module helper)
+    from migrate_fsdp.rewrite.helpers.fsdp2_module_clip_grad_norm_ import fsdp2_module_clip_grad_norm_
+    model(torch.ones(3, 4)).pow(2).sum().backward()
+    expected = torch.linalg.vector_norm(torch.stack([p.grad.full_tensor().norm() for p in model.parameters()]))
+    norm = fsdp2_module_clip_grad_norm_(model, 0.5)
+    assert type(norm) is torch.Tensor and torch.allclose(norm, expected), (type(norm), norm, expected)
+    clipped = torch.linalg.vector_norm(torch.stack([p.grad.full_tensor().norm() for p in model.parameters()]))
+    assert torch.allclose(clipped, torch.tensor(0.5), atol=1e-5) and expected > 0.5, (clipped, expected)
     for state in (helpers.rank0_state(model), helpers.offloaded_state(model)):
         assert state.keys() == reference.keys()
         for key, value in state.items():

@@ -15,9 +15,12 @@ shards, DTensor per parameter shard, so the float sums associate differently
 and may differ in the last bit (docs/rules/MF205.md).
 
 `clip_grad_norm_` of a user's own class, of accelerate's `Accelerator`
-(`clip_grad_norm_(parameters, max_norm)`) or of anything not shown to be an
-FSDP1 model is left alone; a call shaped like FSDP1's on a receiver of
-unknown type, in a file that uses FSDP1, is reported.
+(`clip_grad_norm_(parameters, max_norm)`) or of anything shown not to be an
+FSDP1 model is left alone. A call shaped like FSDP1's on a receiver of unknown
+type (`for v in model.student.values(): v.clip_grad_norm_(3.0)`) takes a
+helper that clips an FSDP2 module and calls any other module's own method,
+where an FSDP1 model that converts may reach the file; elsewhere it is
+reported.
 """
 
 import libcst as cst
@@ -27,7 +30,9 @@ from migrate_fsdp.rewrite.analysis.models import Kind
 
 
 HELPER_NAME = "fsdp2_clip_grad_norm_"
+ANY_MODULE_HELPER = "fsdp2_module_clip_grad_norm_"
 _PARAMS = ("max_norm", "norm_type")
+_COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 
 class ClipGradNorm(TrainingRule):
@@ -61,6 +66,9 @@ class ClipGradNorm(TrainingRule):
         if kind is Kind.FSDP:
             self.ctx.report(func, self.code, "arguments not understood; " + self._advice(receiver))
         elif kind is Kind.UNKNOWN and self._shaped_like_fsdp1(original) and self.ctx.program.may_build_fsdp1():
+            if not self.ctx.dual_versions.holds(self.ctx.stack) and self.ctx.program.dispatch(func):
+                helper = self.ctx.add_helper(ANY_MODULE_HELPER)
+                return cst.Call(func=cst.Name(helper), args=[cst.Arg(updated.func.value, comma=_COMMA), *updated.args])
             self.ctx.report(
                 func, self.code, f"cannot tell whether `{receiver}` is an FSDP1 model; " + self._advice(receiver), unsure=True
             )
