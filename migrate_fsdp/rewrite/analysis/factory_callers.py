@@ -27,10 +27,11 @@ _DEPTH = 3  # factories returning a factory's model, followed this far
 
 
 def factory_callers(
-    remote_calls: RemoteCalls, sources: Mapping[str, bytes], path: str, name: str, depth: int = 0
+    remote_calls: RemoteCalls, sources: Mapping[str, bytes], path: str, name: str, depth: int = 0, entered: set | None = None
 ) -> list[tuple[str, str, Reach]] | None:
     """(file, function holding the call ("" at module level), where the model goes from there) for every call of
-    `name`, the module-level function of `path` returning the model; None when the model may go out of sight."""
+    `name`, the module-level function of `path` returning the model; None when the model may go out of sight
+    (`entered` gets the file of the call it goes out of sight from)."""
     word = re.compile(rb"\b" + re.escape(name.encode()) + rb"\b")
     found = []
     for caller, data in sources.items():
@@ -47,9 +48,15 @@ def factory_callers(
             calls += 1
             reach = escapes(ctx, node, ancestors)
             if reach is None or reach.escaped:
+                if entered is not None:
+                    entered.add(caller)
                 return None
             if reach.returns:  # handed back again: followed to that function's callers
-                outer = factory_callers(remote_calls, sources, caller, factory(ancestors), depth + 1) if depth < _DEPTH else None
+                outer = (
+                    factory_callers(remote_calls, sources, caller, factory(ancestors), depth + 1, entered)
+                    if depth < _DEPTH
+                    else None
+                )
                 if outer is None:
                     return None
                 found += outer

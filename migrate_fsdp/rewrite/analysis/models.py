@@ -346,6 +346,9 @@ class FsdpModels:
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value in _STORING and dotted(func.value) and node.args:
             self._store(func.value, _Definition(self._next_seq(), self._statement_path(), node.args[-1].value))
+        elif len(node.args) == 3 and dotted(node.args[0].value) and self.ctx.matches(func, "builtins.setattr"):
+            # `setattr(net, name, FSDP(child))`: a submodule of `net`, as `net.<name> = ...` would be
+            self._store(node.args[0].value, _Definition(self._next_seq(), self._statement_path(), node.args[2].value))
         if isinstance(node.func, cst.Name):
             self._calls.append((node, tuple(self.ctx.stack)))
             self._call_funcs.add(id(node.func))
@@ -891,6 +894,8 @@ class FsdpModels:
         """Definitions of the modules an `nn.ModuleDict({...})`, `nn.ModuleList([...])` or `nn.Sequential(...)`
         that `definition` builds holds."""
         value = definition.value
+        if isinstance(value, (cst.List, cst.Tuple, cst.ListComp)):  # `layers = [FSDP(m) for m in net]`
+            return [_Definition(definition.seq, definition.path, e) for e in _elements(value)]
         if not isinstance(value, cst.Call) or not self.ctx.matches(value.func, *_CONTAINERS):
             return []
         return [_Definition(definition.seq, definition.path, e) for arg in value.args for e in _elements(arg.value)]
@@ -913,6 +918,15 @@ class FsdpModels:
             if built and all(isinstance(d.value, cst.Call) and self._builds_module(d.value.func) for d in built):
                 return True
         return False
+
+    def built_in_sight(self, node, stack) -> bool:
+        """The module `node` names is built here, by torch.nn or a module class of this file (`nn.Sequential(...)`,
+        `net = Net()`), so what it holds is in sight; not one a function or a caller hands over."""
+        if isinstance(node, cst.Call):
+            return self._builds_module(node.func)
+        definitions = self._definitions_of(node, tuple(stack)) if isinstance(node, cst.Name) else []
+        built = [d for d in definitions if not any(d.value is c for c in self.constructors)]
+        return bool(built) and all(isinstance(d.value, cst.Call) and self._builds_module(d.value.func) for d in built)
 
     def _builds_module(self, func) -> bool:
         local = self._local_class(func)

@@ -64,6 +64,8 @@ class Use:
     sites: frozenset = frozenset()  # (path, Position) of every constructor of the program reaching it (decide fills it)
     lasting: bool = False  # a state-dict type set on the model for good (`FSDP.set_state_dict_type`)
     governed: bool = False  # in (or is) a `with FSDP.state_dict_type(...)` block: it reads no type set for good
+    dispatchable: bool = False  # a helper serves it for any module: it holds nothing back, and converts as a use
+    # of its models where they all convert (Verdict.traced)
 
 
 @dataclass
@@ -74,6 +76,8 @@ class FileFacts:
     escaping: set = field(default_factory=set)  # constructors whose model may reach code out of the file's sight
     factories: dict = field(default_factory=dict)  # constructor Position -> the module-level function returning its
     # model (its callers are followed: factory_callers.py)
+    wraps_unseen: set = field(default_factory=set)  # constructors wrapping a module built out of sight, which may
+    # hold models other constructors sharded (`FSDP(net)` of `net = shard_children(...)`)
     module_level: set = field(default_factory=set)  # constructors of module-level models followed in the file: they
     # escape only if another file imports the module (decide)
     callees: dict = field(default_factory=dict)  # constructor Position -> functions of the file it is handed to
@@ -121,10 +125,14 @@ class Verdict:
     part_of_world: bool = False  # a model of the program may be sharded over some ranks only (Gate.part_of_world)
     own_groups: bool = False  # ... over a process group or device mesh of the user's (Gate.own_groups)
     kept_imports: frozenset = frozenset()  # names another file imports from this one: their imports stay
+    parse_late: bool = False  # not parsed (it names no FSDP), but a model out of sight may have its state read there
+    traced: set = field(default_factory=set)  # Positions of dispatchable uses whose models all convert, traced there
 
     def __bool__(self) -> bool:
         return bool(
-            self.blocked
+            self.parse_late
+            or self.traced
+            or self.blocked
             or self.denied
             or self.settings
             or self.fsdp1_receivers
@@ -169,7 +177,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     for file in facts:
         if imported is not None and file.path in imported:
             file.escaping |= file.module_level
-    unseen_reads, reaches, state_reads = _tie_handed_on(facts, remote_calls, sources, imported or set())
+    unseen_reads, reaches, state_reads, entered = _tie_handed_on(facts, remote_calls, sources, imported or set())
     adopted = _adopt_unsure_receivers(facts, sources or {})
     for file in facts:
         for use in file.uses.values():
@@ -198,13 +206,14 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         # finds its model itself (a factory, a global) may run from outside: an entry point run by name.
         return use.untied and (use.sites or use.function not in dead or not use.handed_in)
 
-    untied = sorted((f.path, key) for f in facts for key, use in f.uses.items() if reachable(use))
+    untied = sorted((f.path, key) for f in facts for key, use in f.uses.items() if reachable(use) and not use.dispatchable)
     scripts = {f.path for f in facts if f.script}
 
     def open_to_escapes(path: str) -> bool:
-        """A model out of the program's sight runs no function of a script that no file imports (`python train.py`)."""
+        """A model out of the program's sight runs no function of a script that no file imports (`python train.py`),
+        unless it went out of sight from there (`self.teacher = make_teacher(...)` in the script)."""
         nonlocal imported
-        if path not in scripts:
+        if path not in scripts or path in entered:
             return True
         if imported is None:  # what imports what, found only when it matters
             imported = imported_modules(sources, remote_calls)
@@ -226,12 +235,18 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         """The first of `staying` whose model may meet a use of unknown origin in `path`, if any."""
         return next((site for site in staying if reaches[site] is None or path in reaches[site]), None)
 
+    # A model that stays FSDP1 and leaves sight, or wraps a module built out of sight, may meet a model that leaves
+    # sight (a registry of models, blocks a helper sharded): those stay FSDP1 with it.
+    unseen_meetings = {(f.path, p) for f in facts for p in f.constructors if p in f.escaping or p in f.wraps_unseen}
     while True:  # models held back by the uses they share hold back more uses in turn
         staying = staying_models()
         denied_untied = [(path, key) for path, key in untied if reaching(staying, path) is not None]
         open_denied = [(path, key) for path, key in denied_untied if open_to_escapes(path)]
-        if (open_denied or untied_staying) and not escaping:
-            first = untied_staying[0] if untied_staying else open_denied[0]
+        meeting = next((s for s in staying if s in unseen_meetings), None) if not (open_denied or untied_staying) else None
+        if (open_denied or untied_staying or meeting) and not escaping:
+            first = untied_staying[0] if untied_staying else open_denied[0] if open_denied else (
+                f"the FSDP1 model of {where(meeting)}, met out of sight"
+            )
             escaping = {(f.path, p): first for f in facts for p in f.escaping if f.constructors.get(p) and (f.path, p) not in held}
         more = {
             site: (path, key)
@@ -250,7 +265,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     final_staying = staying_models()
     for file in facts:
         for key, use in file.uses.items():
-            if key in file.staying:  # the rule refused it: its own report says why, the models it holds point to it
+            if key in file.staying or use.dispatchable:  # refused by its rule (its report says why), or served anyway
                 continue
             if (file.path, key) in unfollowed:
                 denials[(file.path, key)] = Denial(KEPT_FSDP1, unfollowed[(file.path, key)][1])
@@ -303,11 +318,33 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             verdicts.setdefault(path, Verdict()).state_reads.add(position)
         elif sites & converting:
             verdicts[path].state_reads.add(position)
+    if any(reaches[site] is None for site in converting):
+        _escaped_state_reads(facts, verdicts, sources or {})
+    for file in facts:
+        for (position, _), use in file.uses.items():
+            no_threat = not use.untied or reaching(final_staying, file.path) is None  # no FSDP1 model may reach it
+            if use.dispatchable and use.sites and use.sites <= converting and no_threat:
+                verdicts.setdefault(file.path, Verdict()).traced.add(position)
     for file in facts:
         if file.dispatched and not any(reaches[site] is None or file.path in reaches[site] for site in converting):
             verdicts[file.path].unreached = True
     _convert_settings(facts, verdicts, ValueFlow(remote_calls))
     return {path: verdict for path, verdict in verdicts.items() if verdict}
+
+
+def _escaped_state_reads(facts: list[FileFacts], verdicts: dict[str, Verdict], sources: Mapping[str, bytes]) -> None:
+    """A model converting to FSDP2 that leaves the program's sight (`self.model = FSDP(...)`, a dict a factory
+    returns) may be any receiver of unknown origin whose state dict the program reads (`trainer.model.state_dict()`
+    in another file): there FSDP1 gave a full state dict and FSDP2 gives shards, silently. Every such read takes the
+    helper that gives FSDP1's default for an FSDP2 module and calls any other module's own method; the files that
+    read a state dict but name no FSDP are parsed for it (STATE_METHODS)."""
+    for file in facts:
+        if _parsed(file) and file.state_reads:
+            verdicts.setdefault(file.path, Verdict()).state_reads |= file.state_reads
+    parsed = {file.path for file in facts if _parsed(file)}
+    for path, data in sources.items():
+        if path not in parsed and b"state_dict(" in data:
+            verdicts.setdefault(path, Verdict()).parse_late = True
 
 
 # What else gives models `no_sync()` or `clip_grad_norm_(max_norm)`: DDP, and the libraries that wrap models in it
@@ -424,12 +461,13 @@ def _tie_handed_on(
     function holding it, in the same file or from another module, and those whose model a factory function
     returns to it (factory_callers.py). A constructor whose model goes out of sight on the way escapes.
 
-    Returns (unseen, reached, state_reads). unseen: the constructors whose model has FSDP1's surface read (its
+    Returns (unseen, reached, state_reads, entered). unseen: the constructors whose model has FSDP1's surface read (its
     state dict, `.module`, `.world_size`, ...) where no rule took it for an FSDP1 model's (a module naming no FSDP,
     a parameter of unknown origin): site -> where; FSDP2 would answer otherwise there (shards) or fail (no such
     attribute). reached: site -> the files its model may be used in; None: anywhere (it escapes). state_reads:
     (path, Position) of a FileFacts.state_reads call, or of a STATE_METHODS read in a file not parsed, -> the
-    constructors whose model reaches it."""
+    constructors whose model reaches it. entered: the files models that go out of sight were followed into,
+    where they may meet any code of the file."""
     by_path = {f.path: f for f in facts}
     for file in facts:
         for table in (file.uses, file.staying):
@@ -446,6 +484,7 @@ def _tie_handed_on(
     unseen: dict = {}
     reached: dict = {}
     state_reads: dict = {}
+    entered: set = set()  # the files models that go out of sight were followed into first
 
     def follow(site, path: str, reach: Reach) -> bool:
         """Ties what the model of `site` reaches from `path` to it; False when it goes out of sight."""
@@ -475,7 +514,7 @@ def _tie_handed_on(
                 file.escaping.add(position)
             name = file.factories.get(position)
             if name is not None and position not in file.escaping:
-                callers = factory_callers(remote_calls, sources, file.path, name) if sources is not None else None
+                callers = factory_callers(remote_calls, sources, file.path, name, entered=entered) if sources is not None else None
                 for path, function, reach in callers if callers is not None else ():
                     tie(path, {function}, site)  # the caller's own uses of the model it gets
                     if reach.importable and path in imported or not follow(site, path, reach):
@@ -484,8 +523,9 @@ def _tie_handed_on(
                 if callers is None:
                     file.escaping.add(position)
             if position in file.escaping:
+                entered.update(reached[site])
                 reached[site] = None
-    return unseen, reached, state_reads
+    return unseen, reached, state_reads, entered
 
 
 class Gate:
@@ -544,6 +584,8 @@ class Gate:
                 self.facts.remotes[position] = reach.remotes
             if module is not None:
                 self._tie(self._origins(module, stack, wrapped=True)[0] | {position}, node, stack)
+                if not fsdp_models(self.ctx).built_in_sight(module, stack):
+                    self.facts.wraps_unseen.add(position)
         if not converts or self.verdict is None:
             return None
         return self.verdict.blocked.get(position)
@@ -569,7 +611,9 @@ class Gate:
                 for expression, above in walk(part):
                     if isinstance(expression, (cst.Name, cst.Attribute)) and not _chain_inside(expression, above):
                         named = self._named_model(expression, stack)
-                        if named is not None:
+                        # a model's forward (`policy(x)`) gives plain tensors in both versions: that is no meeting
+                        called = above and isinstance(above[-1], cst.Call) and above[-1].func is expression
+                        if named is not None and not (called and named[0] is expression):
                             models[dotted(named[0])] = named[1]
             if len(models) > 1:
                 self._tie(set().union(*models.values()), node, stack)
@@ -678,16 +722,22 @@ class Gate:
         `node` is the module an FSDP(...) wraps."""
         models = fsdp_models(self.ctx)
         ties, untied, fsdp2 = set(), False, False
-        for expression in _model_expressions(node):
-            module = wrapped and expression is node
-            origins = models.origins(expression, stack) or models.holder_origins(expression, stack, module)
+        for expression in _model_expressions(node):  # in the module an FSDP(...) wraps, each holds modules
+            origins = models.origins(expression, stack) or models.holder_origins(expression, stack, wrapped)
             if origins is not None:
                 ties |= {self.ctx.position(c) for c in origins.constructors}
                 untied = untied or origins.untied
                 fsdp2 = fsdp2 or origins.fsdp2
         return ties, untied, fsdp2
 
-    def use(self, node, code: str, stack, lasting: bool = False, governed: bool = False) -> Denial | None:
+    def traced(self, node) -> bool:
+        """Whether the program traced every model that may reach the dispatchable use `node` to a constructor
+        that converts (Use.dispatchable): it converts as their use, with no helper."""
+        return self.verdict is not None and self.ctx.position(node) in self.verdict.traced
+
+    def use(
+        self, node, code: str, stack, lasting: bool = False, governed: bool = False, dispatchable: bool = False
+    ) -> Denial | None:
         """Why the FSDP1 use `node` (original, at `stack`) must not become FSDP2 code, if it must not. `lasting`: a
         state-dict type it sets stays on the model after it (the program checks no state dict is read out of sight);
         `governed`: it is in (or is) a `with FSDP.state_dict_type(...)` block, so no type set for good reaches it."""
@@ -703,7 +753,14 @@ class Gate:
             return None  # FSDP1 API called on an FSDP2 module: its FSDP2 form is what works
         key = (ctx.position(node), code)
         self.facts.uses[key] = Use(
-            code, frozenset(ties), untied or not ties, _function(stack), _handed_in(node, stack), lasting=lasting, governed=governed
+            code,
+            frozenset(ties),
+            untied or not ties,
+            _function(stack),
+            _handed_in(node, stack),
+            lasting=lasting,
+            governed=governed,
+            dispatchable=dispatchable,
         )
         return self.verdict.denied.get(key) if self.verdict is not None else None
 

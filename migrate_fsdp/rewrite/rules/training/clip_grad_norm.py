@@ -66,9 +66,14 @@ class ClipGradNorm(TrainingRule):
         if kind is Kind.FSDP:
             self.ctx.report(func, self.code, "arguments not understood; " + self._advice(receiver))
         elif kind is Kind.UNKNOWN and self._shaped_like_fsdp1(original) and self.ctx.program.may_build_fsdp1():
-            if not self.ctx.dual_versions.holds(self.ctx.stack) and self.ctx.program.dispatch(func):
-                helper = self.ctx.add_helper(ANY_MODULE_HELPER)
-                return cst.Call(func=cst.Name(helper), args=[cst.Arg(updated.func.value, comma=_COMMA), *updated.args])
+            program = self.ctx.program
+            if not self.ctx.dual_versions.holds(self.ctx.stack):
+                program.use(original, self.code, tuple(self.ctx.stack), dispatchable=True)
+                if program.traced(original):  # every model reaching it converts: FSDP2's form, as for a known model
+                    return self._build(updated.func.value, list(updated.args))
+                if program.dispatch(func):
+                    helper = self.ctx.add_helper(ANY_MODULE_HELPER)
+                    return cst.Call(func=cst.Name(helper), args=[cst.Arg(updated.func.value, comma=_COMMA), *updated.args])
             self.ctx.report(
                 func, self.code, f"cannot tell whether `{receiver}` is an FSDP1 model; " + self._advice(receiver), unsure=True
             )

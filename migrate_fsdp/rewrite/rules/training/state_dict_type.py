@@ -18,8 +18,11 @@ be read again, and blocks whose model is handed to code we cannot follow, are
 reported.
 """
 
+import re
+
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.models import Kind
 from migrate_fsdp.rewrite.rules.construction.codegen import call
 from migrate_fsdp.rewrite.rules.training.base import code_of
 from migrate_fsdp.rewrite.rules.training.state_dicts import (
@@ -29,7 +32,6 @@ from migrate_fsdp.rewrite.rules.training.state_dicts import (
     UsesStateDictPlan,
     model_state_call,
 )
-from migrate_fsdp.rewrite.syntax import dotted
 
 _FSDP = "torch.distributed.fsdp"
 ANY_MODULE_SAVE_HELPER = "fsdp2_state_dict"
@@ -172,8 +174,9 @@ class StateDictType(UsesStateDictPlan):
         model converting to FSDP2 reach it, a helper gives FSDP1's default (a full state dict) for an FSDP2 module
         and calls the method of any other, so the call serves every model the code is handed."""
         shape = model_state_call(original)
-        receiver = original.func.value
-        if shape is None or not dotted(receiver) or not self.ctx.program.state_read(original.func):
+        if shape is None or self._not_a_model(original.func.value):
+            return updated
+        if not self.ctx.program.state_read(original.func):
             return updated
         what, strict = shape
         model = updated.func.value
@@ -184,6 +187,19 @@ class StateDictType(UsesStateDictPlan):
         if strict is None:
             return call(helper, model, state)
         return call(helper, model, state, strict=updated.args[original.args.index(strict)].value)
+
+
+    def _not_a_model(self, receiver) -> bool:
+        """`receiver` is known not to be a wrapped model (built by a call of no model, a DDP model), or is named
+        as an optimizer, scheduler or scaler is (`optimizer.load_state_dict(...)`), whose state dicts FSDP never
+        changed."""
+        if self.models.kind(receiver, self.ctx.stack) in (Kind.PLAIN, Kind.DDP):
+            return True
+        last = receiver.attr.value if isinstance(receiver, cst.Attribute) else getattr(receiver, "value", "")
+        return isinstance(last, str) and _NOT_MODELS.search(last.lower()) is not None
+
+
+_NOT_MODELS = re.compile(r"(^|_)(optim|optimizer|optimiser|opt|scheduler|sched|scaler|sampler|loader|dataloader)s?$")
 
 
 def _state_arg(call: cst.Call) -> cst.Arg:

@@ -1,0 +1,62 @@
+"""A model converting to FSDP2 that leaves the program's sight may have its state dict read anywhere: such reads on
+receivers of unknown origin take the helper that gives FSDP1's full state dict for an FSDP2 module (FSDP2's own
+`state_dict()` returns shards, and the checkpoint would silently change), files naming no FSDP included; an
+optimizer's state dict is its own business and stays."""
+
+from migrate_fsdp.rewrite.api import ParsedFile, rewrite_program
+from migrate_fsdp.rewrite.selection import Selection
+
+TRAINER = b'''import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+
+class Trainer:
+    def __init__(self, net):
+        self.model = FSDP(net, device_id=torch.device("cpu"))
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+'''
+
+MAIN = b'''import torch
+
+from trainer import Trainer
+
+
+def main(net):
+    trainer = Trainer(net)
+    torch.save({"model": trainer.model.state_dict(), "optim": trainer.optimizer.state_dict()}, "ckpt.pt")
+'''
+
+FACTORY = b'''import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+
+def build_models(nets):
+    models = {}
+    for name, net in nets.items():
+        models[name] = FSDP(net, device_id=torch.device("cpu"))
+    return models
+
+
+def save(nets, optimizer):
+    models = build_models(nets)
+    return {name: models[name].state_dict() for name in models}, optimizer.state_dict()
+'''
+
+
+def _rewrite(files):
+    selection = Selection.from_prefixes(None, None)
+    results = rewrite_program([ParsedFile(data, path, selection, True) for path, data in files.items()])
+    return {r.path: r.new_source.decode() for r in results}
+
+
+def test_a_model_stored_on_an_object_has_its_state_read_through_the_helper_in_a_file_naming_no_fsdp():
+    out = _rewrite({"trainer.py": TRAINER, "main.py": MAIN})
+    assert "fully_shard(net" in out["trainer.py"]
+    assert '"model": fsdp2_state_dict(trainer.model)' in out["main.py"]
+    assert '"optim": trainer.optimizer.state_dict()' in out["main.py"]
+
+
+def test_a_model_kept_in_a_dict_a_factory_returns_has_its_state_read_through_the_helper():
+    out = _rewrite({"build.py": FACTORY})["build.py"]
+    assert "fully_shard(net" in out
+    assert "{name: fsdp2_state_dict(models[name]) for name in models}, optimizer.state_dict()" in out
