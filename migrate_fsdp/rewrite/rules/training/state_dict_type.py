@@ -18,8 +18,6 @@ be read again, and blocks whose model is handed to code we cannot follow, are
 reported.
 """
 
-import re
-
 import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.models import Kind
@@ -31,6 +29,7 @@ from migrate_fsdp.rewrite.rules.training.state_dicts import (
     Builder,
     UsesStateDictPlan,
     model_state_call,
+    named_as_not_a_model,
 )
 
 _FSDP = "torch.distributed.fsdp"
@@ -193,13 +192,7 @@ class StateDictType(UsesStateDictPlan):
         """`receiver` is known not to be a wrapped model (built by a call of no model, a DDP model), or is named
         as an optimizer, scheduler or scaler is (`optimizer.load_state_dict(...)`), whose state dicts FSDP never
         changed."""
-        if self.models.kind(receiver, self.ctx.stack) in (Kind.PLAIN, Kind.DDP):
-            return True
-        last = receiver.attr.value if isinstance(receiver, cst.Attribute) else getattr(receiver, "value", "")
-        return isinstance(last, str) and _NOT_MODELS.search(last.lower()) is not None
-
-
-_NOT_MODELS = re.compile(r"(^|_)(optim|optimizer|optimiser|opt|scheduler|sched|scaler|sampler|loader|dataloader)s?$")
+        return self.models.kind(receiver, self.ctx.stack) in (Kind.PLAIN, Kind.DDP) or named_as_not_a_model(receiver)
 
 
 def _state_arg(call: cst.Call) -> cst.Arg:

@@ -30,6 +30,7 @@ code converts; a model passed to other code inside the block (a
 reported instead.
 """
 
+import re
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -391,6 +392,7 @@ class StateDictPlan:
             elif (
                 name in holders
                 and not (parents and model_key(parents[-1]) in chain | optimizers)
+                and not (parents and isinstance(parents[-1], cst.Attribute) and named_as_not_a_model(parents[-1]))
                 and not self._handed_to_fsdp(node, parents)
             ):
                 # `trainer.save_model()` under a setting on `trainer.model`: the holder reaches the model out of sight
@@ -662,6 +664,16 @@ def _single_index(subscript: cst.Subscript) -> cst.BaseExpression | None:
 
 def _is_none(node) -> bool:
     return isinstance(node, cst.Name) and node.value == "None"
+
+
+# What an optimizer, a scheduler, a scaler or a data loader is called: their own state dicts, which FSDP never changed.
+_NOT_A_MODEL = re.compile(r"(^|_)(optim|optimizer|optimiser|opt|scheduler|sched|scaler|sampler|loader|dataloader)s?$")
+
+
+def named_as_not_a_model(node) -> bool:
+    """`node` (`optimizer`, `self.lr_scheduler`) is named as an object whose state dict is its own."""
+    last = node.attr.value if isinstance(node, cst.Attribute) else getattr(node, "value", None)
+    return isinstance(last, str) and _NOT_A_MODEL.search(last.lower()) is not None
 
 
 def _holders(model: str | None) -> set[str]:
