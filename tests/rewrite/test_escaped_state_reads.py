@@ -60,3 +60,20 @@ def test_a_model_kept_in_a_dict_a_factory_returns_has_its_state_read_through_the
     out = _rewrite({"build.py": FACTORY})["build.py"]
     assert "fully_shard(net" in out
     assert "{name: fsdp2_state_dict(models[name]) for name in models}, optimizer.state_dict()" in out
+
+
+UNRELATED = b'''import torch
+
+
+class Trainer:
+    def save(self):
+        torch.save(self.model.module.state_dict(), "ddp.pt")
+'''
+
+
+def test_a_script_no_import_links_to_the_model_keeps_its_state_reads():
+    """Examples side by side in one repository: the DDP tutorial's checkpoint shares no model with the FSDP one."""
+    files = {"fsdp/trainer.py": TRAINER, "fsdp/main.py": MAIN, "ddp/tutorial.py": UNRELATED}
+    out = _rewrite(files)
+    assert "fsdp2_state_dict(trainer.model)" in out["fsdp/main.py"]
+    assert out["ddp/tutorial.py"] == UNRELATED.decode()

@@ -34,7 +34,7 @@ from migrate_fsdp.rewrite.analysis.factory_callers import factory_callers
 from migrate_fsdp.rewrite.analysis.guards import checked_instance
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models, is_main_guard
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
-from migrate_fsdp.rewrite.analysis.reexports import imported_elsewhere, imported_modules
+from migrate_fsdp.rewrite.analysis.reexports import connected, import_graph, imported_elsewhere, imported_modules
 from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
 from migrate_fsdp.rewrite.analysis.value_flow import ValueFlow
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
@@ -318,8 +318,9 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             verdicts.setdefault(path, Verdict()).state_reads.add(position)
         elif sites & converting:
             verdicts[path].state_reads.add(position)
-    if any(reaches[site] is None for site in converting):
-        _escaped_state_reads(facts, verdicts, sources or {})
+    escaped = {path for path, position in converting if reaches[(path, position)] is None}  # files models leave sight from
+    if escaped:
+        _escaped_state_reads(facts, verdicts, sources or {}, escaped, remote_calls)
     for file in facts:
         for (position, _), use in file.uses.items():
             no_threat = not use.untied or reaching(final_staying, file.path) is None  # no FSDP1 model may reach it
@@ -332,18 +333,22 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     return {path: verdict for path, verdict in verdicts.items() if verdict}
 
 
-def _escaped_state_reads(facts: list[FileFacts], verdicts: dict[str, Verdict], sources: Mapping[str, bytes]) -> None:
+def _escaped_state_reads(
+    facts: list[FileFacts], verdicts: dict[str, Verdict], sources: Mapping[str, bytes], escaped: set[str], remote_calls
+) -> None:
     """A model converting to FSDP2 that leaves the program's sight (`self.model = FSDP(...)`, a dict a factory
-    returns) may be any receiver of unknown origin whose state dict the program reads (`trainer.model.state_dict()`
-    in another file): there FSDP1 gave a full state dict and FSDP2 gives shards, silently. Every such read takes the
-    helper that gives FSDP1's default for an FSDP2 module and calls any other module's own method; the files that
-    read a state dict but name no FSDP are parsed for it (STATE_METHODS)."""
+    returns) from a file in `escaped` may be any receiver of unknown origin whose state dict is read in a file
+    linked to that one by imports (`trainer.model.state_dict()` in the script importing the trainer): there FSDP1
+    gave a full state dict and FSDP2 gives shards, silently. Every such read takes the helper that gives FSDP1's
+    default for an FSDP2 module and calls any other module's own method; the files that read a state dict but name
+    no FSDP are parsed for it (STATE_METHODS). Examples side by side in one repository share no model."""
+    reached = connected(import_graph(sources, remote_calls), escaped) if sources else escaped
     for file in facts:
-        if _parsed(file) and file.state_reads:
+        if _parsed(file) and file.state_reads and file.path in reached:
             verdicts.setdefault(file.path, Verdict()).state_reads |= file.state_reads
     parsed = {file.path for file in facts if _parsed(file)}
-    for path, data in sources.items():
-        if path not in parsed and b"state_dict(" in data:
+    for path in reached - parsed:
+        if b"state_dict(" in sources.get(path, b""):
             verdicts.setdefault(path, Verdict()).parse_late = True
 
 

@@ -65,7 +65,12 @@ def imported_modules(sources: Mapping[str, bytes], remote_calls: RemoteCalls) ->
     """The program's files another file imports (`import a.b`, `from a import b`, `from . import b`, and the
     packages on the way); a file importing by a string (`importlib.import_module`) imports every module whose
     name it spells. A module-level model of a file nothing imports is seen only by its own file."""
-    found: set[str] = set()
+    return set().union(*import_graph(sources, remote_calls).values())
+
+
+def import_graph(sources: Mapping[str, bytes], remote_calls: RemoteCalls) -> dict[str, set[str]]:
+    """Each file of the program -> the program's files it imports (see imported_modules)."""
+    graph: dict[str, set[str]] = {path: set() for path in sources}
     by_name: dict[str, list[str]] = {}  # a module's own name (its package's, for an `__init__`) -> its files
     for path in sources:
         module = PurePosixPath(path)
@@ -82,12 +87,28 @@ def imported_modules(sources: Mapping[str, bytes], remote_calls: RemoteCalls) ->
             for item in line.decode("utf-8", "replace").split(","):
                 module = item.split(" as ")[0].strip()
                 modules += [".".join(module.split(".")[: i + 1]) for i in range(module.count(".") + 1)]
+        found = graph[importer]
         for module in modules:
             found.update(path for path in remote_calls.module_paths(importer, module) if path != importer)
         if _DYNAMIC.search(data):
             for word in set(re.findall(rb"\w+", data)):
                 found.update(path for path in by_name.get(word.decode("utf-8", "replace"), ()) if path != importer)
-    return found
+    return graph
+
+
+def connected(graph: Mapping[str, set[str]], starts: set[str]) -> set[str]:
+    """The files linked to `starts` by imports either way: those a model leaving sight there may reach."""
+    linked: dict[str, set[str]] = {path: set(targets) for path, targets in graph.items()}
+    for path, targets in graph.items():
+        for target in targets:
+            linked.setdefault(target, set()).add(path)
+    seen, queue = set(starts), list(starts)
+    while queue:
+        for neighbour in linked.get(queue.pop(), ()):
+            if neighbour not in seen:
+                seen.add(neighbour)
+                queue.append(neighbour)
+    return seen
 
 
 def _from_imports(data: bytes) -> Iterable[tuple[str, set[str]]]:

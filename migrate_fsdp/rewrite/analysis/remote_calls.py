@@ -70,7 +70,12 @@ class RemoteCalls:
             tails = (module.replace(".", "/") + ".py", module.replace(".", "/") + "/__init__.py")
             candidates = [p for p in self._paths if any(p == t or p.endswith("/" + t) for t in tails)]
             if len(candidates) > 1:  # the caller's directory first, as sys.path[0] of a script
-                near = [p for p in candidates if PurePosixPath(p).parent == here]
+
+                def root(path: str) -> PurePosixPath:  # where the import finds it (`a/utils/__init__.py`: `a`)
+                    tail = next(t for t in tails if path == t or path.endswith("/" + t))
+                    return PurePosixPath(path[: len(path) - len(tail)].rstrip("/"))
+
+                near = [p for p in candidates if root(p) == here]
                 candidates = near or candidates
         return [self._paths[_normal(candidate)] for candidate in candidates]
 
