@@ -57,7 +57,7 @@ def test_a_star_import_passes_names_on_only_where_they_are_taken():
 
 
 def test_which_modules_other_files_import():
-    from migrate_fsdp.rewrite.analysis.reexports import imported_modules
+    from migrate_fsdp.rewrite.analysis.reexports import import_graph, imported_modules
     from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
 
     sources = {
@@ -73,5 +73,5 @@ def test_which_modules_other_files_import():
         "app/run.py": b"import importlib\n\nimportlib.import_module('app.h')\n",
         "app/alone.py": b"import torch\n",
     }
-    found = imported_modules(sources, RemoteCalls(sources))
+    found = imported_modules(import_graph(sources, RemoteCalls(sources)))
     assert found == {"app/__init__.py", "app/b.py", "app/d.py", "app/e.py", "app/g.py", "app/h.py"}

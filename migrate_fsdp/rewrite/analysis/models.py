@@ -913,9 +913,7 @@ class FsdpModels:
             if instance_of is not None:
                 return self._is_module_class(instance_of)
             definitions = self._chains.get((owner, chain), ()) if chain != dotted(node) else self._definitions_of(node, path)
-            # an FSDP(...) of it is a module too (`model = FSDP(model)` after `model[i] = FSDP(model[i])`)
-            built = [d for d in definitions if not any(d.value is c for c in self.constructors)]
-            if built and all(isinstance(d.value, cst.Call) and self._builds_module(d.value.func) for d in built):
+            if self._all_build_modules(definitions):
                 return True
         return False
 
@@ -924,7 +922,11 @@ class FsdpModels:
         `net = Net()`), so what it holds is in sight; not one a function or a caller hands over."""
         if isinstance(node, cst.Call):
             return self._builds_module(node.func)
-        definitions = self._definitions_of(node, tuple(stack)) if isinstance(node, cst.Name) else []
+        return isinstance(node, cst.Name) and self._all_build_modules(self._definitions_of(node, tuple(stack)))
+
+    def _all_build_modules(self, definitions) -> bool:
+        """Each of `definitions` builds a module; an FSDP(...) of it counts as one too (`model = FSDP(model)`
+        after `model[i] = FSDP(model[i])`), but not alone."""
         built = [d for d in definitions if not any(d.value is c for c in self.constructors)]
         return bool(built) and all(isinstance(d.value, cst.Call) and self._builds_module(d.value.func) for d in built)
 

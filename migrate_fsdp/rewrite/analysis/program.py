@@ -164,6 +164,13 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         return site
 
     remote_calls = RemoteCalls(sources or {})
+    graph: dict[str, set[str]] = {}
+
+    def imports() -> dict[str, set[str]]:
+        """What each file of the program imports, found once, when first needed."""
+        if not graph and sources:
+            graph.update(import_graph(sources, remote_calls))
+        return graph
     reexported = imported_elsewhere({f.path: f.dropped_imports for f in facts if f.dropped_imports}, sources or {}, remote_calls)
     if any(f.own_groups for f in facts):
         for file in facts:
@@ -173,7 +180,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     if sources is None:  # what imports what is unknown: any module-level model may be imported
         imported = {f.path for f in facts}
     else:
-        imported = imported_modules(sources, remote_calls) if any(f.module_level or f.factories for f in facts) else None
+        imported = imported_modules(imports()) if any(f.module_level or f.factories for f in facts) else None
     for file in facts:
         if imported is not None and file.path in imported:
             file.escaping |= file.module_level
@@ -216,7 +223,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         if path not in scripts or path in entered:
             return True
         if imported is None:  # what imports what, found only when it matters
-            imported = imported_modules(sources, remote_calls)
+            imported = imported_modules(imports())
         return path in imported
 
     untied_staying = sorted(
@@ -320,7 +327,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             verdicts[path].state_reads.add(position)
     escaped = {path for path, position in converting if reaches[(path, position)] is None}  # files models leave sight from
     if escaped:
-        _escaped_state_reads(facts, verdicts, sources or {}, escaped, remote_calls)
+        _escaped_state_reads(facts, verdicts, sources or {}, connected(imports(), escaped) if sources else escaped)
     for file in facts:
         for (position, _), use in file.uses.items():
             no_threat = not use.untied or reaching(final_staying, file.path) is None  # no FSDP1 model may reach it
@@ -334,15 +341,15 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
 
 
 def _escaped_state_reads(
-    facts: list[FileFacts], verdicts: dict[str, Verdict], sources: Mapping[str, bytes], escaped: set[str], remote_calls
+    facts: list[FileFacts], verdicts: dict[str, Verdict], sources: Mapping[str, bytes], reached: set[str]
 ) -> None:
     """A model converting to FSDP2 that leaves the program's sight (`self.model = FSDP(...)`, a dict a factory
-    returns) from a file in `escaped` may be any receiver of unknown origin whose state dict is read in a file
-    linked to that one by imports (`trainer.model.state_dict()` in the script importing the trainer): there FSDP1
-    gave a full state dict and FSDP2 gives shards, silently. Every such read takes the helper that gives FSDP1's
-    default for an FSDP2 module and calls any other module's own method; the files that read a state dict but name
-    no FSDP are parsed for it (STATE_METHODS). Examples side by side in one repository share no model."""
-    reached = connected(import_graph(sources, remote_calls), escaped) if sources else escaped
+    returns) may be any receiver of unknown origin whose state dict is read in `reached`, the files linked by
+    imports to one it leaves sight from (`trainer.model.state_dict()` in the script importing the trainer):
+    there FSDP1 gave a full state dict and FSDP2 gives shards, silently. Every such read takes the helper that
+    gives FSDP1's default for an FSDP2 module and calls any other module's own method; the files that read a
+    state dict but name no FSDP are parsed for it (STATE_METHODS). Examples side by side in one repository share
+    no model."""
     for file in facts:
         if _parsed(file) and file.state_reads and file.path in reached:
             verdicts.setdefault(file.path, Verdict()).state_reads |= file.state_reads

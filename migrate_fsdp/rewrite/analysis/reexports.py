@@ -61,15 +61,16 @@ _IMPORT = re.compile(rb"^[ \t]*import[ \t]+([^\n#;]*)", re.M)
 _DYNAMIC = re.compile(rb"import_module|__import__|\brunpy\b|spec_from_file_location")
 
 
-def imported_modules(sources: Mapping[str, bytes], remote_calls: RemoteCalls) -> set[str]:
-    """The program's files another file imports (`import a.b`, `from a import b`, `from . import b`, and the
-    packages on the way); a file importing by a string (`importlib.import_module`) imports every module whose
-    name it spells. A module-level model of a file nothing imports is seen only by its own file."""
-    return set().union(*import_graph(sources, remote_calls).values())
+def imported_modules(graph: Mapping[str, set[str]]) -> set[str]:
+    """The program's files another file imports (in `import_graph`): a module-level model of a file nothing imports
+    is seen only by its own file."""
+    return set().union(*graph.values())
 
 
 def import_graph(sources: Mapping[str, bytes], remote_calls: RemoteCalls) -> dict[str, set[str]]:
-    """Each file of the program -> the program's files it imports (see imported_modules)."""
+    """Each file of the program -> the program's files it imports (`import a.b`, `from a import b`, `from . import
+    b`, and the packages on the way); a file importing by a string (`importlib.import_module`) imports every module
+    whose name it spells."""
     graph: dict[str, set[str]] = {path: set() for path in sources}
     by_name: dict[str, list[str]] = {}  # a module's own name (its package's, for an `__init__`) -> its files
     for path in sources:

@@ -3,8 +3,8 @@ the file cannot tell the origin of (a loop over a dict of models), which an FSDP
 model that converts may reach."""
 
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
-from torch.nn.utils import clip_grad_norm_
+
+from migrate_fsdp.rewrite.helpers.fsdp2_clip_grad_norm_ import fsdp2_clip_grad_norm_
 
 
 def fsdp2_module_clip_grad_norm_(module, max_norm, norm_type=2.0):
@@ -13,5 +13,4 @@ def fsdp2_module_clip_grad_norm_(module, max_norm, norm_type=2.0):
     keeps its own method."""
     if not isinstance(module, FSDPModule):
         return module.clip_grad_norm_(max_norm, norm_type)
-    total_norm = clip_grad_norm_(module.parameters(), max_norm, norm_type)
-    return total_norm.full_tensor() if isinstance(total_norm, DTensor) else total_norm
+    return fsdp2_clip_grad_norm_(module.parameters(), max_norm, norm_type)

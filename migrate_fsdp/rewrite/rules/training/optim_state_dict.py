@@ -37,6 +37,7 @@ from migrate_fsdp.rewrite.rules.training.state_dicts import (
     Settings,
     UsesStateDictPlan,
     model_key,
+    model_state_call,
 )
 from migrate_fsdp.rewrite.syntax import dotted, subtree_ids, walk
 
@@ -219,8 +220,7 @@ class OptimStateDict(UsesStateDictPlan):
         index = next((i for i, statement in enumerate(body) if statement is line), 0)
         if state_line is None or index == 0 or body[index - 1] is not state_line:
             return None
-        read = assign.value
-        if not (isinstance(read, cst.Call) and not read.args and isinstance(read.func, cst.Attribute) and read.func.attr.value == "state_dict"):
+        if not (isinstance(assign.value, cst.Call) and model_state_call(assign.value) == ("save", None)):
             return None
         return value.value
 

@@ -187,7 +187,6 @@ class StateDictType(UsesStateDictPlan):
             return call(helper, model, state)
         return call(helper, model, state, strict=updated.args[original.args.index(strict)].value)
 
-
     def _not_a_model(self, receiver) -> bool:
         """`receiver` is known not to be a wrapped model (built by a call of no model, a DDP model), or is named
         as an optimizer, scheduler or scaler is (`optimizer.load_state_dict(...)`), whose state dicts FSDP never
