@@ -16,6 +16,7 @@ from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
 from migrate_fsdp.rewrite.analysis.program import DUAL_VERSION
 from migrate_fsdp.rewrite.context import _STATEMENT_TYPES, FileContext
 from migrate_fsdp.rewrite.diagnostics import is_todo
+from migrate_fsdp.rewrite.forward_refs import in_annotation, spelled_fsdp1_names
 from migrate_fsdp.rewrite.helpers import is_inserted_helper
 from migrate_fsdp.rewrite.syntax import chain_root, dotted
 
@@ -102,6 +103,8 @@ class Dispatcher(cst.CSTTransformer):
             self._import_depth += 1
         elif self._catch_leftovers and not self._import_depth and isinstance(node, (cst.Name, cst.Attribute)):
             self._note_reference(node)
+        elif self._catch_leftovers and isinstance(node, cst.SimpleString):
+            self._note_spelled_reference(node)
         for hook in self._visit.get(type(node).__name__, ()):
             hook(node)
         return True
@@ -135,11 +138,18 @@ class Dispatcher(cst.CSTTransformer):
             self._reference_ids.add(id(node))
             self._open_references[id(self.ctx.statement())].append((node, ancestor_ids))
 
+    def _note_spelled_reference(self, node: cst.SimpleString) -> None:
+        # A string annotation spelling an FSDP1 class; the cheap text test first.
+        if any(name in node.value for name in self._torch_names) and in_annotation(self.ctx.stack):
+            if spelled_fsdp1_names(self.ctx, node):
+                self._open_references[id(self.ctx.statement())].append((node, [id(n) for n in self.ctx.stack]))
+
     def _flag_leftovers(self, statement) -> None:
         for node, ancestor_ids in self._open_references.pop(id(statement), ()):
             if not self.ctx.is_covered(ancestor_ids):
-                name = sorted(self.ctx.fsdp1_names(node))[0]
-                if name == FSDP_CLASS:
+                spelled = isinstance(node, cst.SimpleString)
+                name = sorted(spelled_fsdp1_names(self.ctx, node) if spelled else self.ctx.fsdp1_names(node))[0]
+                if name == FSDP_CLASS and not spelled:
                     # The class itself, used in a way no rule reads (`FSDP1Module: TypeAlias = FSDP`, then
                     # `FSDP1Module(module, ...)`): the program may build FSDP1 models through it, which stay.
                     self.ctx.program.constructor(node, converts=False, stack=tuple(self.ctx.stack))

@@ -77,3 +77,39 @@ def test_a_script_no_import_links_to_the_model_keeps_its_state_reads():
     out = _rewrite(files)
     assert "fsdp2_state_dict(trainer.model)" in out["fsdp/main.py"]
     assert out["ddp/tutorial.py"] == UNRELATED.decode()
+
+
+LIBRARY = b'''import torch
+
+
+def build_net():
+    return torch.nn.Linear(4, 4)
+'''
+
+SCRIPT_SHARING_A_LIBRARY = b'''import torch
+
+from library import build_net
+
+
+class Evaluator:
+    def load(self, path):
+        self.model.load_state_dict(torch.load(path))
+'''
+
+TRAINER_USING_THE_LIBRARY = TRAINER.replace(b"import torch\n", b"import torch\n\nfrom library import build_net\n", 1)
+
+
+def test_a_script_sharing_only_a_library_with_the_model_runs_apart_and_keeps_its_state_reads():
+    """Both import `library`, neither imports the other: no process holds the trainer's model and runs the script."""
+    files = {"trainer.py": TRAINER_USING_THE_LIBRARY, "main.py": MAIN, "library.py": LIBRARY, "evaluate.py": SCRIPT_SHARING_A_LIBRARY}
+    out = _rewrite(files)
+    assert "fsdp2_state_dict(trainer.model)" in out["main.py"]
+    assert out["evaluate.py"] == SCRIPT_SHARING_A_LIBRARY.decode()
+
+
+def test_a_module_imported_by_the_entry_point_running_the_model_takes_the_helper():
+    """main.py runs the trainer's model and imports `checkpoint`: its reads may be of that model."""
+    checkpoint = SCRIPT_SHARING_A_LIBRARY.replace(b"from library import build_net\n", b"")
+    main = MAIN.replace(b"from trainer import Trainer\n", b"from checkpoint import Evaluator\nfrom trainer import Trainer\n")
+    out = _rewrite({"trainer.py": TRAINER, "main.py": main, "checkpoint.py": checkpoint})
+    assert "fsdp2_load_state_dict(self.model, torch.load(path))" in out["checkpoint.py"]

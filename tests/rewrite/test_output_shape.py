@@ -52,6 +52,7 @@ def test_fsdp2_imports_go_into_the_guard_the_fsdp1_imports_were_in():
 
 
 def test_type_checking_imports_stay_while_string_annotations_use_them():
+    """The FSDP1 name the string spells is reported too, as the same name unquoted would be."""
     source = """\
         from typing import TYPE_CHECKING
 
@@ -66,7 +67,9 @@ def test_type_checking_imports_stay_while_string_annotations_use_them():
         """
     assert rewrite(source) == textwrap.dedent(source).replace(
         "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP", "from torch.distributed.fsdp import fully_shard"
-    ).replace("return FSDP(model)", "return fully_shard(model)")
+    ).replace("return FSDP(model)", "return fully_shard(model)").replace(
+        "def wrap", "# TODO(migrate-fsdp): MF900 FSDP1 API with no automatic rewrite\ndef wrap"
+    )
 
 
 def test_imports_whose_last_use_went_go_too_with_their_blank_line():

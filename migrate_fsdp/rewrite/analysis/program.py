@@ -34,7 +34,7 @@ from migrate_fsdp.rewrite.analysis.factory_callers import factory_callers
 from migrate_fsdp.rewrite.analysis.guards import checked_instance
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models, is_main_guard
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
-from migrate_fsdp.rewrite.analysis.reexports import connected, import_graph, imported_elsewhere, imported_modules
+from migrate_fsdp.rewrite.analysis.reexports import coresident, import_graph, imported_elsewhere, imported_modules
 from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
 from migrate_fsdp.rewrite.analysis.value_flow import ValueFlow
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
@@ -327,7 +327,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             verdicts[path].state_reads.add(position)
     escaped = {path for path, position in converting if reaches[(path, position)] is None}  # files models leave sight from
     if escaped:
-        _escaped_state_reads(facts, verdicts, sources or {}, connected(imports(), escaped) if sources else escaped)
+        _escaped_state_reads(facts, verdicts, sources or {}, coresident(imports(), escaped) if sources else escaped)
     for file in facts:
         for (position, _), use in file.uses.items():
             no_threat = not use.untied or reaching(final_staying, file.path) is None  # no FSDP1 model may reach it

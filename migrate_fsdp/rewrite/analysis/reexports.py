@@ -97,15 +97,21 @@ def import_graph(sources: Mapping[str, bytes], remote_calls: RemoteCalls) -> dic
     return graph
 
 
-def connected(graph: Mapping[str, set[str]], starts: set[str]) -> set[str]:
-    """The files linked to `starts` by imports either way: those a model leaving sight there may reach."""
-    linked: dict[str, set[str]] = {path: set(targets) for path, targets in graph.items()}
+def coresident(graph: Mapping[str, set[str]], starts: set[str]) -> set[str]:
+    """The files that may run in one process with `starts`, so reach a model leaving sight there: those importing
+    one of them (the entry points running it), and everything these import. Two scripts that only share a
+    library run apart."""
+    importers: dict[str, set[str]] = {}
     for path, targets in graph.items():
         for target in targets:
-            linked.setdefault(target, set()).add(path)
+            importers.setdefault(target, set()).add(path)
+    return _closure(graph, _closure(importers, set(starts)))
+
+
+def _closure(edges: Mapping[str, set[str]], starts: set[str]) -> set[str]:
     seen, queue = set(starts), list(starts)
     while queue:
-        for neighbour in linked.get(queue.pop(), ()):
+        for neighbour in edges.get(queue.pop(), ()):
             if neighbour not in seen:
                 seen.add(neighbour)
                 queue.append(neighbour)

@@ -16,8 +16,9 @@ tutorial's `assert isinstance(model, FSDPModule)`). So:
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
+from migrate_fsdp.rewrite.forward_refs import in_annotation, respell
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule
-from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, Kind
 
 
 
@@ -46,12 +47,13 @@ class IsinstanceFsdp(TrainingRule):
 
     def leave_SimpleString(self, original: cst.SimpleString, updated):
         # A string annotation naming the class: keep it pointing at something that exists.
-        if not any(isinstance(n, cst.Annotation) for n in self.ctx.stack):
+        if not in_annotation(self.ctx.stack):
             return updated
-        if self.models.annotation_kind(original) is not Kind.FSDP:
+        respelled = respell(self.ctx, original, {FSDP_CLASS: fsdp_module_name(self.ctx)})
+        if respelled is None:
             return updated
-        quote = original.quote
-        return updated.with_changes(value=f"{quote}{fsdp_module_name(self.ctx)}{quote}")
+        self.ctx.mark_handled(original)
+        return respelled
 
     def leave_Comparison(self, original: cst.Comparison, updated: cst.Comparison):
         if len(original.comparisons) != 1:

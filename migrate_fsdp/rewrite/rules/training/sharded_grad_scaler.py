@@ -17,6 +17,7 @@ over the model's mesh, whatever group was given.
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.forward_refs import in_annotation, respell, spelled_fsdp1_names
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, bind
 
 SCALER = "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler"
@@ -84,6 +85,15 @@ class ShardedGradScaler(TrainingRule):
             return updated
         self.ctx.mark_handled(original)
         return cst.Name(self._grad_scaler())
+
+    def leave_SimpleString(self, original: cst.SimpleString, updated):
+        # `Optional["ShardedGradScaler"]`: the annotation converts with the scaler it describes.
+        if not in_annotation(self.ctx.stack) or SCALER not in spelled_fsdp1_names(self.ctx, original):
+            return updated
+        if not self.fsdp2_ahead(original):
+            return updated
+        self.ctx.mark_handled(original)
+        return respell(self.ctx, original, {SCALER: self._grad_scaler()})
 
     def _grad_scaler(self) -> str:
         return self.ctx.require_import("torch.amp", "GradScaler")
