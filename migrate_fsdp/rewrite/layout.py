@@ -64,6 +64,9 @@ class _Wrapper(cst.CSTTransformer):
         code = self._code(updated.with_changes(leading_lines=())).rstrip("\r\n")
         indent = len("".join(self.indents))
         if "\n" in code:
+            if self._moved_container(updated, code):
+                statement = updated.body[0]
+                return updated.with_changes(body=[statement.with_changes(value=self._split(statement.value, indent, 0))])
             return self._long_arguments_split(updated, indent)
         if indent + len(code) <= self.limit or code.strip() in self.kept:
             return updated
@@ -74,6 +77,16 @@ class _Wrapper(cst.CSTTransformer):
         if not _splittable(value):
             return updated
         return updated.with_changes(body=[statement.with_changes(value=self._split(value, indent, 0))])
+
+    def _moved_container(self, line, code: str) -> bool:
+        """A new assignment of a table written over several lines (`param_dtype = {...}[args.precision]` taken out
+        of an FSDP1 call's arguments): its lines kept the indentation they had in the call, so it is laid out anew."""
+        statement = line.body[0]
+        value = getattr(statement, "value", None)
+        if not isinstance(statement, (cst.Assign, cst.AnnAssign)) or code.split("\n", 1)[0].strip() in self.kept:
+            return False
+        table = value.value if isinstance(value, cst.Subscript) else value
+        return isinstance(table, (cst.Dict, cst.List)) and bool(table.elements)
 
     def _long_arguments_split(self, line, indent: int):
         """A call laid out an argument a line (the FSDP1 call's layout, kept) whose argument the rewrite made too
@@ -112,6 +125,8 @@ class _Wrapper(cst.CSTTransformer):
             return self._split_conditional(node, start, level)
         if isinstance(node, _COMPREHENSIONS):
             return self._split_comprehension(node, start, level)
+        if isinstance(node, cst.Subscript):  # `{...}[key]`: the table's brackets
+            return node.with_changes(value=self._split(node.value, start, level))
         inner = level + _INDENT
         items = _items(node)
         hugged = " ".join(self._code(item).strip() for item in items)
@@ -193,6 +208,8 @@ _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
 def _splittable(node) -> bool:
+    if isinstance(node, cst.Subscript):
+        return _splittable(node.value) and not node.value.lpar
     if isinstance(node, cst.IfExp):
         return True
     if isinstance(node, _COMPREHENSIONS):

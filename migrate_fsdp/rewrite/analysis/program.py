@@ -63,6 +63,8 @@ class Use:
     unsure: bool = False  # shaped like FSDP1's method on a receiver nothing is known of (`model.no_sync()`)
     sites: frozenset = frozenset()  # (path, Position) of every constructor of the program reaching it (decide fills it)
     lasting: bool = False  # a state-dict type set on the model for good (`FSDP.set_state_dict_type`)
+    fsdp2_default: bool = False  # the type it sets reads as FSDP2's own `state_dict()` does (sharded, in place):
+    # code out of sight reading it gets the same form from the FSDP2 model
     governed: bool = False  # in (or is) a `with FSDP.state_dict_type(...)` block: it reads no type set for good
     dispatchable: bool = False  # a helper serves it for any module: it holds nothing back, and converts as a use
     # of its models where they all convert (Verdict.traced)
@@ -449,7 +451,7 @@ def _settings_read_out_of_sight(facts: list[FileFacts], state_reads: dict) -> di
             ) or next((f"{path}:{position[0]}" for (path, position), sites in sorted(state_reads.items()) if sites & use.sites), None)
             if away is not None:
                 found[(file.path, key)] = (use.sites, f"the model's state dict is also read in {away}, where this setting would be lost")
-            elif use.sites & escaping:
+            elif use.sites & escaping and not use.fsdp2_default:
                 found[(file.path, key)] = (use.sites, "the model reaches code out of the program's sight, where the setting would be lost")
     return found
 
@@ -748,11 +750,19 @@ class Gate:
         return self.verdict is not None and self.ctx.position(node) in self.verdict.traced
 
     def use(
-        self, node, code: str, stack, lasting: bool = False, governed: bool = False, dispatchable: bool = False
+        self,
+        node,
+        code: str,
+        stack,
+        lasting: bool = False,
+        governed: bool = False,
+        dispatchable: bool = False,
+        fsdp2_default: bool = False,
     ) -> Denial | None:
         """Why the FSDP1 use `node` (original, at `stack`) must not become FSDP2 code, if it must not. `lasting`: a
         state-dict type it sets stays on the model after it (the program checks no state dict is read out of sight);
-        `governed`: it is in (or is) a `with FSDP.state_dict_type(...)` block, so no type set for good reaches it."""
+        `governed`: it is in (or is) a `with FSDP.state_dict_type(...)` block, so no type set for good reaches it;
+        `fsdp2_default`: the type it sets is the one FSDP2's own `state_dict()` reads as (Use.fsdp2_default)."""
         ctx = self.ctx
         if ctx.dual_versions.holds(stack):
             return Denial(DUAL_VERSION, "already serves FSDP1 and FSDP2; left as is")
@@ -773,6 +783,7 @@ class Gate:
             lasting=lasting,
             governed=governed,
             dispatchable=dispatchable,
+            fsdp2_default=fsdp2_default,
         )
         return self.verdict.denied.get(key) if self.verdict is not None else None
 

@@ -137,6 +137,12 @@ class Context:
         return self.failure is None
 
 
+def _fsdp2_default(settings: Settings | None) -> bool:
+    """The model's state dict under `settings` is what FSDP2's own `state_dict()` gives: each rank's shards by
+    parameter name (SHARDED, and LOCAL, which converts as SHARDED), left where they are."""
+    return settings is not None and settings.kind in (SHARDED, LOCAL) and settings.model_offload is False
+
+
 class StateDictPlan:
     """Settings per call, decided once the read-only pass has seen the whole file."""
 
@@ -177,7 +183,9 @@ class StateDictPlan:
                 context.failure = "MF101 (wrap-call) is not selected, so the models stay FSDP1"
             elif context.failure is None:
                 lasting = context.handed_on or self._fsdp_method(call.func) == "set_state_dict_type"
-                denial = self.ctx.program.use(call, "MF202", stack, lasting=lasting, governed=not lasting)
+                denial = self.ctx.program.use(
+                    call, "MF202", stack, lasting=lasting, governed=not lasting, fsdp2_default=_fsdp2_default(context.settings)
+                )
                 context.failure = denial.message if denial is not None else None
             self.contexts.append(context)
             self._context_of[id(call)] = context
