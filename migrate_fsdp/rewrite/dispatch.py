@@ -178,4 +178,21 @@ class Dispatcher(cst.CSTTransformer):
             above = [line for line in updated.leading_lines if line not in own]
             group[0] = group[0].with_changes(leading_lines=[*above, *group[0].leading_lines])
             group[len(edits.before)] = updated.with_changes(leading_lines=own)
-        return cst.FlattenSentinel(group)
+        return cst.FlattenSentinel(self._spaced(group, original))
+
+    def _spaced(self, group: list, original) -> list:
+        """`group` with the blank lines black puts around a function the rewrite inserted: two at module level,
+        one in a block, none where the block begins."""
+        parent = self.ctx.stack[-2] if len(self.ctx.stack) >= 2 else None
+        wanted = 2 if isinstance(parent, cst.Module) else 1
+        first = isinstance(parent, (cst.Module, cst.IndentedBlock)) and parent.body and parent.body[0] is original
+        spaced = []
+        for index, statement in enumerate(group):
+            defined = isinstance(statement, (cst.FunctionDef, cst.ClassDef))
+            after_definition = index > 0 and isinstance(group[index - 1], (cst.FunctionDef, cst.ClassDef))
+            if (defined or after_definition) and not (index == 0 and first):
+                lines = list(statement.leading_lines)
+                blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
+                statement = statement.with_changes(leading_lines=[cst.EmptyLine(indent=False)] * max(0, wanted - blank) + lines)
+            spaced.append(statement)
+        return spaced

@@ -184,8 +184,8 @@ def test_a_function_importing_a_name_itself_gets_the_fsdp2_import_where_its_fsdp
     code = rewrite(
         """\
         class Saver:
-            def state_dict(self, model, fsdp2, kind):
-                if fsdp2:
+            def state_dict(self, model, sharded, kind):
+                if sharded:
                     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
                     state_dict = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))

@@ -41,6 +41,7 @@ DDP_CLASSES = (
     "torch.nn.parallel.distributed.DistributedDataParallel",
 )
 _PARTIAL = ("functools.partial",)
+MANUAL_WRAP = "torch.distributed.fsdp.wrap.wrap"  # an FSDP1 constructor under an enable_wrap(wrapper_cls=FSDP) context
 # nn.Module methods that return the module itself.
 _RETURNS_SELF = frozenset(
     {"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train", "eval", "requires_grad_", "to_empty"}
@@ -339,7 +340,7 @@ class FsdpModels:
             self._functions[id(function)].returns.append((node.value, tuple(self.ctx.stack)))
 
     def _note_Call(self, node: cst.Call) -> None:
-        if self.ctx.matches(node.func, FSDP_CLASS) or (
+        if self.ctx.matches(node.func, FSDP_CLASS, MANUAL_WRAP) or (
             node.args and self.ctx.matches(node.func, *_PARTIAL) and self.ctx.matches(node.args[0].value, FSDP_CLASS)
         ):
             self.constructors.append(node)

@@ -95,6 +95,8 @@ class FileFacts:
     settings: dict = field(default_factory=dict)  # FSDP1 setting built apart from its constructors: Position -> the
     # keywords whose values it takes in their FSDP1 or FSDP2 form (an `_or_policy`'s `policies`)
     reads: dict = field(default_factory=dict)  # constructor Position -> keywords read by helpers taking FSDP2 forms too
+    custom_policies: dict = field(default_factory=dict)  # Position of a `CustomPolicy(f)` setting -> whether it has
+    # an FSDP2 form (f returns no FSDP1 arguments)
     script: bool = False  # it runs as a script (`if __name__ == "__main__":`)
     dispatched: bool = False  # a call on a receiver of unknown origin took a helper serving any module (Gate.dispatch)
     imports_fsdp1: bool = False  # names torch's FSDP1 (not fairscale's, not FSDP2)
@@ -197,6 +199,13 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     by_path = {f.path: f for f in facts}
     kept = {site for site, c in converts.items() if not c}
     held = {}  # a constructor that could convert but has a use that stays FSDP1 -> that use's code and file
+    flow = ValueFlow(remote_calls)
+    for (path, _), (sites, readable) in _custom_policy_readers(facts, flow).items():
+        for site in sites[1:]:
+            parent[find(site)] = find(sites[0])
+        if not readable:
+            for site in sites:
+                held.setdefault(site, f"a CustomPolicy of {path} returning FSDP1 arguments")
     for file in facts:
         for use in file.staying.values():
             for site in use.sites:
@@ -240,16 +249,17 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         their own holds back."""
         return sorted(kept | set(held) | set(escaping), key=lambda site: (site not in kept, not isinstance(held.get(site), str), site))
 
-    def reaching(staying: list, path: str):
-        """The first of `staying` whose model may meet a use of unknown origin in `path`, if any."""
-        return next((site for site in staying if reaches[site] is None or path in reaches[site]), None)
+    def reaching(staying: list, path: str, function: str | None = None):
+        """The first of `staying` whose model may meet a use of unknown origin in `path` (in `function` there,
+        when given: a model handed to `save_b` of a module meets no use in its `save_a`), if any."""
+        return next((site for site in staying if _meets(reaches[site], path, function)), None)
 
     # A model that stays FSDP1 and leaves sight, or wraps a module built out of sight, may meet a model that leaves
     # sight (a registry of models, blocks a helper sharded): those stay FSDP1 with it.
     unseen_meetings = {(f.path, p) for f in facts for p in f.constructors if p in f.escaping or p in f.wraps_unseen}
     while True:  # models held back by the uses they share hold back more uses in turn
         staying = staying_models()
-        denied_untied = [(path, key) for path, key in untied if reaching(staying, path) is not None]
+        denied_untied = [(path, key) for path, key in untied if reaching(staying, path, by_path[path].uses[key].function) is not None]
         open_denied = [(path, key) for path, key in denied_untied if open_to_escapes(path)]
         meeting = next((s for s in staying if s in unseen_meetings), None) if not (open_denied or untied_staying) else None
         if (open_denied or untied_staying or meeting) and not escaping:
@@ -281,7 +291,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
                 continue
             # A constructor that cannot convert first: the cause, rather than one it holds back.
             blockers = sorted((b for b in (cause.get(find(site)) for site in use.sites) if b is not None), key=lambda b: (b not in kept, b))
-            threat = reaching(final_staying, file.path) if use.untied else None
+            threat = reaching(final_staying, file.path, use.function) if use.untied else None
             if threat is not None and not (blockers and blockers[0] in kept):
                 blockers = []  # held back only by this use itself: the cause is the model of unknown origin
             if blockers:
@@ -332,13 +342,13 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         _escaped_state_reads(facts, verdicts, sources or {}, coresident(imports(), escaped) if sources else escaped)
     for file in facts:
         for (position, _), use in file.uses.items():
-            no_threat = not use.untied or reaching(final_staying, file.path) is None  # no FSDP1 model may reach it
+            no_threat = not use.untied or reaching(final_staying, file.path, use.function) is None  # no FSDP1 model may reach it
             if use.dispatchable and use.sites and use.sites <= converting and no_threat:
                 verdicts.setdefault(file.path, Verdict()).traced.add(position)
     for file in facts:
         if file.dispatched and not any(reaches[site] is None or file.path in reaches[site] for site in converting):
             verdicts[file.path].unreached = True
-    _convert_settings(facts, verdicts, ValueFlow(remote_calls))
+    _convert_settings(facts, verdicts, flow)
     return {path: verdict for path, verdict in verdicts.items() if verdict}
 
 
@@ -386,6 +396,23 @@ def _adopt_unsure_receivers(facts: list[FileFacts], sources: Mapping[str, bytes]
             if use.unsure:
                 adopted.setdefault(file.path, set()).add(key[0])
     return adopted
+
+
+def _custom_policy_readers(facts: list[FileFacts], flow: ValueFlow) -> dict:
+    """Each `CustomPolicy(f)` setting -> (the constructors its value reaches, whether it has an FSDP2 form). One
+    whose value goes out of sight may reach any constructor reading its policy at run time."""
+    readers = {}
+    run_time = sorted((f.path, p) for f in facts for p, keywords in f.reads.items() if "auto_wrap_policy" in keywords)
+    for file in facts:
+        for position, readable in file.custom_policies.items():
+            sinks = flow.sinks(file.path, position)
+            sites = run_time if sinks is None else sorted((s.path, s.call) for s in sinks if s.call in _constructors(facts, s.path))
+            readers[(file.path, position)] = (sites, readable)
+    return readers
+
+
+def _constructors(facts: list[FileFacts], path: str) -> dict:
+    return next((f.constructors for f in facts if f.path == path), {})
 
 
 def _convert_settings(facts: list[FileFacts], verdicts: dict[str, Verdict], flow: ValueFlow) -> None:
@@ -468,6 +495,18 @@ def _unseen(file: FileFacts | None, reads, path: str) -> str | None:
     return f"`.{missed[0][1]}` of it at {path}:{missed[0][0][0]}" if missed else None
 
 
+ANYWHERE = ""  # a model reaching a file where any of its functions may see it
+
+
+def _meets(reached: dict | None, path: str, function: str | None) -> bool:
+    """Whether a model reaching the files `reached` (path -> functions; None: out of sight) may be seen in
+    `function` of `path` (None: anywhere in it)."""
+    if reached is None:
+        return True
+    functions = reached.get(path)
+    return functions is not None and (function is None or not function or ANYWHERE in functions or function in functions)
+
+
 def _tie_handed_on(
     facts: list[FileFacts], remote_calls: RemoteCalls, sources: Mapping[str, bytes] | None, imported: set[str]
 ) -> tuple[dict, dict]:
@@ -497,6 +536,7 @@ def _tie_handed_on(
 
     unseen: dict = {}
     reached: dict = {}
+    reached_in: dict = {}  # site -> path -> the functions there its model is handed to (ANYWHERE: any)
     state_reads: dict = {}
     entered: set = set()  # the files models that go out of sight were followed into first
 
@@ -506,6 +546,7 @@ def _tie_handed_on(
         for where, step in [(path, reach), *(f for f in found if f is not None)]:
             tie(where, step.callees, site)
             reached[site].add(where)
+            reached_in[site].setdefault(where, set()).update(step.callees)
             served = by_path[where].state_reads if _parsed(by_path.get(where)) else None
             for position, attribute in step.fsdp1_reads:
                 if position in served if served is not None else attribute in STATE_METHODS:
@@ -519,6 +560,7 @@ def _tie_handed_on(
         for position in file.constructors:
             site = (file.path, position)
             reached[site] = set()
+            reached_in[site] = {file.path: {ANYWHERE}}  # in its own file, any function may see it (a global, self)
             own = Reach(
                 file.callees.get(position, frozenset()),
                 file.remotes.get(position, frozenset()),
@@ -531,6 +573,7 @@ def _tie_handed_on(
                 callers = factory_callers(remote_calls, sources, file.path, name, entered=entered) if sources is not None else None
                 for path, function, reach in callers if callers is not None else ():
                     tie(path, {function}, site)  # the caller's own uses of the model it gets
+                    reached_in[site].setdefault(path, set()).add(function)
                     if reach.importable and path in imported or not follow(site, path, reach):
                         callers = None
                         break
@@ -539,6 +582,9 @@ def _tie_handed_on(
             if position in file.escaping:
                 entered.update(reached[site])
                 reached[site] = None
+    for site, files in reached.items():
+        if files is not None:
+            reached[site] = {path: frozenset(reached_in[site].get(path, {ANYWHERE})) for path in files}
     return unseen, reached, state_reads, entered
 
 
@@ -649,12 +695,15 @@ class Gate:
         if len(ties) > 1:
             self.facts.uses[(self.ctx.position(node), TIE)] = Use(TIE, frozenset(ties), False, _function(stack), False)
 
-    def setting(self, node, reads: frozenset = frozenset()) -> bool:
+    def setting(self, node, reads: frozenset = frozenset(), custom_policy: bool = False, readable: bool = True) -> bool:
         """Record `node`, an FSDP1 setting built apart from its constructors (`bf16 = MixedPrecision(...)`);
         whether the program has it take its FSDP2 form there (decide). `reads`: its keywords whose values
-        it takes in their FSDP1 or FSDP2 form."""
+        it takes in their FSDP1 or FSDP2 form. `custom_policy`: no helper reads its FSDP1 form, so the
+        constructors it reaches stand or fall together; all stay unless it is `readable` in its FSDP2 form."""
         position = self.ctx.position(node)
         self.facts.settings[position] = reads
+        if custom_policy:
+            self.facts.custom_policies[position] = readable
         return self.verdict is not None and position in self.verdict.settings
 
     def fsdp1_receiver(self, func) -> bool:

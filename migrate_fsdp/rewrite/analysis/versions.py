@@ -27,6 +27,7 @@ _VERSION_TEST = re.compile(
 _FSDP2_SPELLED = re.compile(r"FSDPModule|fully_shard|MixedPrecisionPolicy|OffloadPolicy|register_fsdp_forward_method")
 _FSDP2_WORD = re.compile(r"fully_shard|FSDPModule|MixedPrecisionPolicy|CPUOffloadPolicy|OffloadPolicy")
 _FSDP1_NAMED = re.compile(r"fsdp_?1", re.IGNORECASE)
+_FSDP_VERSION_SETTING = re.compile(r"fsdp_?version|fsdp_?[12]\b", re.IGNORECASE)
 _FSDP2_NAMED = re.compile(r"fsdp_?2", re.IGNORECASE)
 
 
@@ -71,7 +72,8 @@ class DualVersionRegions:
     def _find(self) -> dict[int, str]:
         regions: dict[int, str] = {}
         module = self.ctx.module
-        if not (_FSDP2_SPELLED.search(self.ctx.text) or _VERSION_TEST.search(self.ctx.text)):
+        text = self.ctx.text
+        if not (_FSDP2_SPELLED.search(text) or _VERSION_TEST.search(text) or _FSDP_VERSION_SETTING.search(text)):
             return regions  # nothing to dispatch between
         twins = {
             statement.name.value
@@ -80,10 +82,12 @@ class DualVersionRegions:
         }
         for node, parents in walk(module):
             if isinstance(node, cst.If) and not isinstance(parents[-1] if parents else None, cst.If):
-                why = self._dispatching_if(node)
                 function = next((p for p in reversed(parents) if isinstance(p, cst.FunctionDef)), None)
-                if why is not None and function is not None and node.orelse is None and self._serves_fsdp2_and_leaves(node):
-                    node = function  # `if fsdp2: ...; return` - the rest of the function is the other branch
+                leaves = function is not None and node.orelse is None and self._serves_fsdp2_and_leaves(node)
+                # `if fsdp2: ...; return` - the rest of the function is the other branch
+                why = self._dispatching_if(node, _rest(node, parents[-1] if parents else None) if leaves else None)
+                if why is not None and leaves:
+                    node = function
             elif isinstance(node, cst.Tuple) and all(self._versions(node)):
                 why = "names the FSDP1 and the FSDP2 class together"
                 node = next(p for p in reversed(parents) if isinstance(p, (cst.SimpleStatementLine, cst.BaseCompoundStatement)))
@@ -102,8 +106,9 @@ class DualVersionRegions:
         one, two = self._versions(node.body)
         return _exits(node.body) and not _raises(node.body) and (self._versions(node.test)[1] or two or not one)
 
-    def _dispatching_if(self, node: cst.If) -> str | None:
-        """An if/elif chain with a test on FSDP2 or the torch version and FSDP1 code in it."""
+    def _dispatching_if(self, node: cst.If, rest: cst.IndentedBlock | None = None) -> str | None:
+        """An if/elif chain with a test on FSDP2 or the torch version and FSDP1 code in it. `rest`: the
+        statements after an `if` that leaves the function, its other branch."""
         tests, bodies = [], []
         clause = node
         while isinstance(clause, cst.If):
@@ -112,14 +117,26 @@ class DualVersionRegions:
             clause = clause.orelse
         if clause is not None:
             bodies.append(clause.body)
+        if rest is not None:
+            bodies.append(rest)
         if any(self._versions(test)[1] for test in tests):
             return "tests for FSDP2"
         if any(_VERSION_TEST.search(self.ctx.code(test)) for test in tests):
             return "tests the torch version"
+        if any(_FSDP_VERSION_SETTING.search(self.ctx.code(test)) for test in tests):
+            return "tests which FSDP version to use"  # `if cfg.fsdp_version == 2:`, `if args.use_fsdp2:`
         versions = [self._branch_versions(body) for body in bodies]
         if any(one and not two for one, two in versions) and any(two and not one for one, two in versions):
             return "picks FSDP1 or FSDP2 by a setting"  # `if strategy == "fsdp": FSDP(...) elif ... "fsdp2": fully_shard(...)`
         return None
+
+
+def _rest(node: cst.If, block) -> cst.IndentedBlock | None:
+    """The statements after `node` in its block, as a block."""
+    if not isinstance(block, cst.IndentedBlock):
+        return None
+    index = next(i for i, statement in enumerate(block.body) if statement is node)
+    return block.with_changes(body=block.body[index + 1 :])
 
 
 def _last_small_statement(body):

@@ -525,7 +525,10 @@ def _chain_value(ctx, arg: cst.Arg, chain: cst.If, fills: list[Fill], before):
     if before is None and key == "backward_prefetch" and all(ctx.matches(fill.value, _BACKWARD_PRE) for fill in fills):
         return fills[-1].value  # FSDP1's default: the item holds BACKWARD_PRE either way
     everywhere = len(by_branch) == len(links) + 1 and links[-1].orelse is not None
-    if before is None and not everywhere:
+    if before is None and not everywhere and key == "backward_prefetch":
+        # FSDP1's default, spelled only for the choice: MF108 drops a backward_prefetch chosen at run time
+        before = cst.parse_expression("BackwardPrefetch.BACKWARD_PRE")
+    elif before is None and not everywhere:
         if key not in _DEFAULTS:
             test = ctx.code(fills[0].path[-1][0].test)
             raise Unbindable(

@@ -190,13 +190,7 @@ class AutoWrapPolicyRule(KeywordRule):
 
     def _may_return_kwargs(self, function) -> bool:
         """Whether a CustomPolicy function may return an FSDP1 kwargs dict (not converted)."""
-        if isinstance(function, cst.Lambda):
-            body = function.body
-            return isinstance(body, cst.Dict) or bool(_dicts_in(body))
-        definition = self.analysis.function(function)
-        if definition is None:
-            return True
-        return any(_dicts_in(ret.value) for ret in _returns(definition) if ret.value is not None)
+        return may_return_kwargs(function, self.analysis.function(function))
 
     def _replayable(self, node) -> cst.BaseExpression | None:
         """A torch-only callable policy(module, recurse, nonwrapped_numel) doing what `node` did; None if unknown.
@@ -360,6 +354,16 @@ def keywords(args) -> dict | None:
     if any(arg.keyword is None or arg.star for arg in args):
         return None
     return {arg.keyword.value: arg.value for arg in args}
+
+
+def may_return_kwargs(function, definition: cst.FunctionDef | None) -> bool:
+    """Whether the CustomPolicy function `function` (a lambda, or a name whose `definition` is found) may return an
+    FSDP1 kwargs dict for some module, which no FSDP2 form has."""
+    if isinstance(function, cst.Lambda):
+        return bool(_dicts_in(function.body))
+    if definition is None:
+        return True
+    return any(_dicts_in(ret.value) for ret in _returns(definition) if ret.value is not None)
 
 
 def _dicts_in(node) -> list:

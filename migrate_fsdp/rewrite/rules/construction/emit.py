@@ -76,8 +76,11 @@ class Emitter:
         fully_shard = self.ctx.require_import("torch.distributed.fsdp", "fully_shard")
         setup = list(plan.before)
         if plan.site.is_partial:
-            if plan.has_children or needs_after(plan, rules):
-                return self._partial_function(fully_shard, setup)
+            # At import no process group exists yet: a mesh or a sharding helper there would fail before training.
+            at_import = not any(isinstance(n, (cst.FunctionDef, cst.Lambda)) for n in plan.site.stack)
+            deferred = at_import and bool(setup or plan.mesh is not None or plan.sharding is not None)
+            if plan.has_children or needs_after(plan, rules) or deferred:
+                return self._partial_function(fully_shard, setup, deferred)
             emission.before = setup
             emission.replacement = self._partial(fully_shard, setup)
             return emission
@@ -160,17 +163,21 @@ class Emitter:
             root["mp_policy"] = root_policy
         return root, sharding, self._after(module, skip)
 
-    def _partial_function(self, fully_shard: str, setup: list) -> Emission:
+    def _partial_function(self, fully_shard: str, setup: list, deferred: bool) -> Emission:
         """`functools.partial(FSDP, ...)` whose FSDP2 form needs statements: a function of the module doing them.
 
         It is called as the partial was (`wrapper(model)`) and returns the
         module, as FSDP(...) returned the wrapped one; the mesh and the
-        policies are built once, where the partial was.
+        policies are built once, where the partial was, unless `deferred`: a
+        partial made at import builds them in the function, when the process
+        group exists.
         """
         name = self.names.fresh(self.anchor, "fsdp_wrap", "fully_shard_wrapper")
         module = cst.Name("module")
         body = []
-        root, sharding, after = self._shard(fully_shard, module, setup, body)
+        if deferred:
+            body, setup = setup, []
+        root, sharding, after = self._shard(fully_shard, module, body if deferred else setup, body)
         body += [cst.SimpleStatementLine([cst.Expr(self._fully_shard(fully_shard, module, root, sharding))]), *after]
         body.append(cst.SimpleStatementLine([cst.Return(module)]))
         comment = cst.EmptyLine(comment=cst.Comment("# FSDP1's functools.partial(FSDP, ...): shards `module` as those arguments did"))

@@ -21,3 +21,9 @@ class ManualWrapRule(KeywordRule):
     name = "manual-wrap"
     summary = "enable_wrap / wrap (FSDP1 manual wrapping context): reported with the fully_shard equivalent"
     leftovers = {f"{WRAP}.enable_wrap": f"enable_wrap is FSDP1's; {_ADVICE}", f"{WRAP}.wrap": f"wrap is FSDP1's; {_ADVICE}"}
+
+    def visit_Call(self, node) -> None:
+        if self.ctx.matches(node.func, f"{WRAP}.wrap"):
+            # Under an enable_wrap(wrapper_cls=FSDP) context, possibly one out of sight, wrap() builds an FSDP1
+            # model, which stays: its uses stay FSDP1 with it (analysis/program.py).
+            self.ctx.program.constructor(node, converts=False, stack=tuple(self.ctx.stack))

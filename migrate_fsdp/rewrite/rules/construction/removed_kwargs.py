@@ -7,7 +7,9 @@ rate-limit); original parameters are always used; backward prefetching
 always works like BACKWARD_PRE. `device_id` still says where the module
 lives: the mesh takes its device type and, when needed, the rewrite makes it
 the current device (devices.py). BACKWARD_POST, or turning backward
-prefetching off, have no FSDP2 form and are reported.
+prefetching off, written out, have no FSDP2 form and are reported; a choice
+made at run time (`BackwardPrefetch[cfg.prefetch]`) is dropped, as whatever
+it holds only changes when gathers overlap, not what is computed.
 """
 
 
@@ -54,10 +56,11 @@ class RemovedKwargs(KeywordRule):
                 "backward_prefetch=BACKWARD_POST has no FSDP2 form (FSDP2 prefetches like BACKWARD_PRE); drop it, or "
                 "order prefetches yourself with FSDPModule.set_modules_to_backward_prefetch"
             )
-        raise Unconvertible(
-            f"backward_prefetch={self.ctx.code(argument.value)} is known only at run time; FSDP2 always prefetches like "
-            "BACKWARD_PRE: drop the argument if that is what it holds"
-        )
+        # Known only at run time (`BackwardPrefetch[cfg.prefetch]`, `... if cfg.prefetch else None`): whatever it
+        # holds, FSDP2 prefetches like BACKWARD_PRE. Only the overlap of communication changes, not a number
+        # computed, so the choice is dropped (docs/mapping.md) rather than keep the whole model FSDP1.
+        if self.analysis.follow(argument.value, plan)[1] is None:
+            plan.definitions.extend(self.analysis.assigned_on_branches(argument.value, plan) or ())
 
     def finish(self, plan) -> None:
         if plan.device is None:

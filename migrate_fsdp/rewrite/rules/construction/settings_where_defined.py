@@ -16,6 +16,11 @@ with the advice of its keyword's rule.
 - `functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=X)`
   and `ModuleWrapPolicy(X)` -> the tuple of classes whose instances get
   their own fully_shard.
+- `CustomPolicy(f)`, `f` returning True/False, -> `functools.partial(
+  _fsdp1_lambda_policy, lambda_fn=f)`: the modules `f` picks, as FSDP1 picked
+  them. No helper reads an FSDP1 CustomPolicy, so the constructors one reaches
+  convert together with it or stay together, all of them when `f` may
+  return FSDP1 arguments.
 - `functools.partial(size_based_auto_wrap_policy, ...)`,
   `functools.partial(lambda_auto_wrap_policy, lambda_fn=f)` and
   `functools.partial(_or_policy, policies=[...])` -> the same partial of a
@@ -25,6 +30,7 @@ with the advice of its keyword's rule.
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.models import assignments_of
 from migrate_fsdp.rewrite.rule import Rule
 from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import (
     CLASS_POLICIES,
@@ -33,6 +39,7 @@ from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import (
     SIZE_HELPER,
     WRAP,
     keywords,
+    may_return_kwargs,
     only_argument,
 )
 from migrate_fsdp.rewrite.rules.construction.codegen import call
@@ -60,7 +67,21 @@ class SettingsWhereDefined(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         ctx = self.ctx
-        if ctx.is_covered([id(n) for n in ctx.stack]) or not self._convertible(node):
+        if ctx.is_covered([id(n) for n in ctx.stack]):
+            return
+        custom = self._custom_function(node)
+        if custom is not None:
+            # No helper reads an FSDP1 CustomPolicy (only FSDP1's private API does): the constructors it reaches
+            # stand or fall together, and with its FSDP2 form, which one returning FSDP1 arguments lacks.
+            definition = self._definition(custom)
+            readable = not may_return_kwargs(custom, definition)
+            if ctx.program.setting(node, custom_policy=True, readable=readable) and readable:
+                self._converted[id(node)] = call(
+                    cst.Name(ctx.require_import("functools", "partial")), cst.Name(ctx.add_helper(LAMBDA_HELPER)), lambda_fn=custom
+                )
+                ctx.mark_handled(node)
+            return
+        if not self._convertible(node):
             return
         replayed = self._replayed(node)
         reads = frozenset({"policies"}) if replayed is not None and replayed[0] == OR_HELPER else frozenset()  # in either form
@@ -87,6 +108,17 @@ class SettingsWhereDefined(Rule):
         if isinstance(classes, (cst.Set, cst.List, cst.Tuple)):
             return cst.Tuple([cst.Element(element.value) for element in classes.elements])
         return call("tuple", classes)
+
+    def _custom_function(self, node: cst.Call) -> cst.BaseExpression | None:
+        """The function of `CustomPolicy(f)`."""
+        return only_argument(node, "lambda_fn") if self.ctx.matches(node.func, f"{WRAP}.CustomPolicy") else None
+
+    def _definition(self, function) -> cst.FunctionDef | None:
+        """The `def` a name passed as a CustomPolicy function stands for, when it is one in this file."""
+        if not isinstance(function, cst.Name):
+            return None
+        found = [a.node for a in assignments_of(self.ctx.scope(function), function.value)]
+        return found[0] if len(found) == 1 and isinstance(found[0], cst.FunctionDef) else None
 
     def _classes(self, node: cst.Call) -> cst.BaseExpression | None:
         """The classes of `ModuleWrapPolicy(X)` or `partial(transformer_auto_wrap_policy, transformer_layer_cls=X)`."""
