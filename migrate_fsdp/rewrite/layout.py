@@ -115,6 +115,16 @@ class _Wrapper(cst.CSTTransformer):
             return updated
         return updated.with_changes(iter=self._split(updated.iter, indent, 0))
 
+    def leave_If(self, original, updated):
+        """An `if` / `elif` test the rewrite made too long (`if isinstance(module, (... if mp else ())):`): split."""
+        header = self._code(updated.with_changes(leading_lines=())).split("\n", 1)[0]
+        indent = len("".join(self.indents))
+        if indent + len(header) <= self.limit or header.strip() in self.kept or "\n" in self._code(updated.test):
+            return updated
+        if not _splittable(updated.test):
+            return updated
+        return updated.with_changes(test=self._split(updated.test, indent, 0))
+
     def _code(self, node) -> str:
         return self.module.code_for_node(node)
 

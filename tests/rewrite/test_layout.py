@@ -170,3 +170,33 @@ def test_a_long_comprehension_puts_its_element_and_each_clause_on_a_line():
             ]
         """
     )
+
+
+def test_a_long_if_test_and_a_table_taken_out_of_a_call_are_split():
+    original = """\
+        def wrap(model, cfg):
+            return FSDP(model, mixed_precision=policies[cfg.precision])
+        """
+    rewritten = """\
+        def wrap(model, cfg):
+            param_dtype = {"fp32": torch.float, "tf32": torch.float, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.precision]
+            for module in model.modules():
+                if isinstance(module, (nn.modules.batchnorm._BatchNorm if cfg.mixed_precision else ())):
+                    fully_shard(module)
+        """
+    assert wrapped(original, rewritten) == textwrap.dedent(
+        """\
+        def wrap(model, cfg):
+            param_dtype = {
+                "fp32": torch.float,
+                "tf32": torch.float,
+                "bf16": torch.bfloat16,
+                "fp16": torch.float16,
+            }[cfg.precision]
+            for module in model.modules():
+                if isinstance(
+                    module, (nn.modules.batchnorm._BatchNorm if cfg.mixed_precision else ())
+                ):
+                    fully_shard(module)
+        """
+    )

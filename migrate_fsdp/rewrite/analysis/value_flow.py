@@ -86,13 +86,17 @@ class ValueFlow:
         if isinstance(scope, GlobalScope):
             self._imported(path, name.value, lambda where, node: self._value(where, node, found, seen, held))
 
-    def _value(self, path: str, node: cst.CSTNode, found: set, seen: set, held: bool = False) -> None:
-        """An expression holding the value (`held`: a dict, list or tuple with it among its values): where does
-        its value go? A container is followed only to its subscripts (`PRECISION[args.precision]`)."""
+    def _value(self, path: str, node: cst.CSTNode, found: set, seen: set, held: bool | str = False) -> None:
+        """An expression holding the value (`held`: a dict, list or tuple with it among its values; the key, for a
+        dict holding it under a string key): where does its value go? A container is followed only to its
+        subscripts (`PRECISION[args.precision]`), a dict keyed by strings also to the calls taking it as `**kw`."""
         parents = self._parents_of(path)
         parent = parents.get(id(node))
         if held:
-            if isinstance(parent, cst.Subscript) and parent.value is node:
+            if isinstance(held, str) and isinstance(parent, cst.Arg) and parent.value is node and parent.star == "**":
+                call = parents.get(id(parent))
+                found.add(Sink(path, self.calls.context(path).position(call), held))  # `FSDP(model, **kw)`
+            elif isinstance(parent, cst.Subscript) and parent.value is node:
                 self._value(path, parent, found, seen)
             elif isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is node:
                 self._bound(path, parent, found, seen, held)
@@ -104,7 +108,8 @@ class ValueFlow:
         if isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is node:
             self._bound(path, parent, found, seen, held)
         elif isinstance(parent, cst.DictElement) and parent.value is node:
-            self._value(path, parents[id(parent)], found, seen, held=True)
+            key = parent.key.evaluated_value if isinstance(parent.key, cst.SimpleString) else None
+            self._value(path, parents[id(parent)], found, seen, held=key if isinstance(key, str) else True)
         elif isinstance(parent, cst.Return):
             self._returned(path, parent, None, found, seen)
         elif isinstance(parent, cst.Element) and isinstance(parents.get(id(parent)), (cst.Tuple, cst.List)):
@@ -113,11 +118,11 @@ class ValueFlow:
             if isinstance(holder, cst.Return) and holder.value is values and isinstance(values, cst.Tuple) and not _starred(values):
                 self._returned(path, holder, values.elements.index(parent), found, seen)
             elif isinstance(holder, cst.Arg) and holder.value is values:  # `policies=[a, b]`: the call takes them all
-                self._argument(path, holder, found)
+                self._argument(path, holder, found, seen)
             else:
                 self._value(path, values, found, seen, held=True)
         elif isinstance(parent, cst.Arg) and parent.value is node:
-            self._argument(path, parent, found)
+            self._argument(path, parent, found, seen)
         else:
             raise _OutOfSight
 
@@ -127,7 +132,7 @@ class ValueFlow:
             raise _OutOfSight
         self._binding(path, targets[0], found, seen, held)
 
-    def _argument(self, path: str, arg: cst.Arg, found: set) -> None:
+    def _argument(self, path: str, arg: cst.Arg, found: set, seen: set) -> None:
         ctx, call = self.calls.context(path), self._parents_of(path).get(id(arg))
         if not isinstance(call, cst.Call):
             raise _OutOfSight  # a class's base
@@ -135,6 +140,9 @@ class ValueFlow:
             return
         if arg.keyword is None or arg.star:
             raise _OutOfSight
+        if ctx.matches(call.func, "builtins.dict"):  # `kw = dict(auto_wrap_policy=policy)`: an item keyed by its name
+            self._value(path, call, found, seen, held=arg.keyword.value)
+            return
         found.add(Sink(path, ctx.position(call), arg.keyword.value))
 
     def _returned(self, path: str, ret: cst.Return, index: int | None, found: set, seen: set) -> None:
