@@ -238,8 +238,25 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         return path in imported
 
     untied_staying = sorted(
-        f"{use.code} in {f.path}" for f in facts for use in f.staying.values() if reachable(use) and open_to_escapes(f.path)
+        (f.path, f"{use.code} in {f.path}") for f in facts for use in f.staying.values() if reachable(use) and open_to_escapes(f.path)
     )
+    alongside_of: dict[str, set[str]] = {}
+
+    def together(one: str, other: str) -> bool:
+        """Whether a model leaving sight from file `one` may run code of file `other`: a module may be imported by
+        name anywhere (a library reading a config); a script that no file imports runs only in the processes it
+        shares with `one` (one imports the other, or a third both)."""
+        nonlocal imported
+        if sources is None or other not in scripts:
+            return True  # what imports what is unknown
+        if imported is None:
+            imported = imported_modules(imports())
+        if other in imported:
+            return True
+        for path in (one, other):
+            if path not in alongside_of:
+                alongside_of[path] = coresident(imports(), {path})
+        return other in alongside_of[one] or one in alongside_of[other]
     # An FSDP1 model that stays may meet a use on a model of unknown origin anywhere if it leaves the program's
     # sight; one the program follows meets only uses in the files it reaches (its own, those it is handed to).
     escaping = {}  # a constructor that converts but whose model may meet an untied use that stays -> that use
@@ -252,7 +269,10 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     def reaching(staying: list, path: str, function: str | None = None):
         """The first of `staying` whose model may meet a use of unknown origin in `path` (in `function` there,
         when given: a model handed to `save_b` of a module meets no use in its `save_a`), if any."""
-        return next((site for site in staying if _meets(reaches[site], path, function)), None)
+        return next(
+            (site for site in staying if _meets(reaches[site], path, function) and (reaches[site] is not None or together(site[0], path))),
+            None,
+        )
 
     # A model that stays FSDP1 and leaves sight, or wraps a module built out of sight, may meet a model that leaves
     # sight (a registry of models, blocks a helper sharded): those stay FSDP1 with it.
@@ -261,12 +281,20 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         staying = staying_models()
         denied_untied = [(path, key) for path, key in untied if reaching(staying, path, by_path[path].uses[key].function) is not None]
         open_denied = [(path, key) for path, key in denied_untied if open_to_escapes(path)]
-        meeting = next((s for s in staying if s in unseen_meetings), None) if not (open_denied or untied_staying) else None
-        if (open_denied or untied_staying or meeting) and not escaping:
-            first = untied_staying[0] if untied_staying else open_denied[0] if open_denied else (
-                f"the FSDP1 model of {where(meeting)}, met out of sight"
-            )
-            escaping = {(f.path, p): first for f in facts for p in f.escaping if f.constructors.get(p) and (f.path, p) not in held}
+        if not escaping:
+            # what a model leaving sight may meet there, in the files that may run with its own
+            causes = [
+                *untied_staying,
+                *((path, (path, key)) for path, key in open_denied),
+                *((s[0], f"the FSDP1 model of {where(s)}, met out of sight") for s in staying if s in unseen_meetings),
+            ]
+            for file in facts:
+                for position in file.escaping:
+                    site = (file.path, position)
+                    if file.constructors.get(position) and site not in held:
+                        first = next((why for path, why in causes if together(file.path, path)), None)
+                        if first is not None:
+                            escaping[site] = first
         more = {
             site: (path, key)
             for path, key in denied_untied
