@@ -781,11 +781,12 @@ class Gate:
         self.facts.asked_about_world = True
         return self.facts.own_groups or (self.verdict is not None and self.verdict.own_groups)
 
-    def stays(self, node, code: str, stack, unsure: bool = False) -> None:
+    def stays(self, node, code: str, stack, unsure: bool = False, fsdp1_only: bool = False) -> None:
         """Record that a rule leaves the FSDP1 use `node` as it is: the models that reach it stay FSDP1 with it.
         A call of the FSDP class's own API (`FSDP.state_dict_type(m, ...)`) takes an FSDP1 model, whatever this
-        file can trace of it, and so may a call shaped like FSDP1's on a receiver nothing is known of (`unsure`)."""
-        self._record_staying(self.facts.staying, node, code, stack, unsure)
+        file can trace of it, and so does a read of what only an FSDP1 model has (`fsdp1_only`); a call shaped
+        like FSDP1's on a receiver nothing is known of may (`unsure`)."""
+        self._record_staying(self.facts.staying, node, code, stack, unsure, fsdp1_only)
 
     def stays_with_own_groups(self, node, code: str, stack) -> None:
         """Record that the use `node`, converted by the first rewrite, stays FSDP1 when a model of the program is
@@ -793,11 +794,11 @@ class Gate:
         reach it then stay with it, whichever file builds them."""
         self._record_staying(self.facts.staying_with_own_groups, node, code, stack, unsure=False)
 
-    def _record_staying(self, table: dict, node, code: str, stack, unsure: bool) -> None:
+    def _record_staying(self, table: dict, node, code: str, stack, unsure: bool, fsdp1_only: bool = False) -> None:
         if self.verdict is not None or self.ctx.dual_versions.holds(stack):
             return
         ties, untied, _ = self._origins(node, stack)
-        if not ties and (unsure or _takes_an_fsdp1_model(self.ctx, node) or self._checked_fsdp1(node, stack)):
+        if not ties and (unsure or fsdp1_only or _takes_an_fsdp1_model(self.ctx, node) or self._checked_fsdp1(node, stack)):
             untied = True
         if ties or untied:
             use = Use(code, frozenset(ties), untied, _function(stack), _handed_in(node, stack), unsure=unsure and not ties)

@@ -219,7 +219,7 @@ class Definitions:
                 and "log" in dotted(func.value).lower()
             )
         if shows:
-            self.logged.update(id(arg.value) for arg in call.args if isinstance(arg.value, cst.Name) and not arg.star)
+            self.logged.update(id(name) for arg in call.args if not arg.star for name in _shown_names(arg.value))
 
     def shown(self, definition: Definition) -> bool:
         """The dict is also printed or logged: it stays, as the program shows it (its items are read again at the call)."""
@@ -430,12 +430,12 @@ def _free_names(expression) -> list[cst.Name]:
     return found
 
 
-def bind(call: cst.Call, definitions: Definitions, is_kwargs_use, skip: int = 0) -> dict[str, Argument]:
+def bind(call: cst.Call, definitions: Definitions, is_kwargs_use, skip: int = 0, dicts: list | None = None) -> dict[str, Argument]:
     """FSDP1 arguments of `call` by parameter name; `skip` leading args are not FSDP1's (partial's `FSDP`).
 
     `is_kwargs_use(name)` says whether a load of a name is a `**name` of an
     FSDP1 call (the only uses a kwargs dict may have, so that its contents are
-    known).
+    known). The kwargs dicts read go to `dicts`, empty ones included.
     """
     bound: dict[str, Argument] = {}
 
@@ -452,6 +452,8 @@ def bind(call: cst.Call, definitions: Definitions, is_kwargs_use, skip: int = 0)
             raise Unbindable(arg, "arguments passed with `*` cannot be known before run time")
         if arg.star == "**":
             definition = _kwargs_definition(arg, call, definitions, is_kwargs_use)
+            if dicts is not None:
+                dicts.append(definition)
             for key, value in _filled_items(definitions.ctx, definition, arg):
                 add(key, value, arg, definition)
         elif arg.keyword is None:
@@ -461,6 +463,27 @@ def bind(call: cst.Call, definitions: Definitions, is_kwargs_use, skip: int = 0)
         else:
             add(arg.keyword.value, arg.value, arg)
     return bound
+
+
+_SHOWING_BUILTINS = ("sorted", "list", "tuple", "set", "len", "str", "repr")
+_VIEWS = ("keys", "values", "items")
+
+
+def _shown_names(value: cst.BaseExpression) -> list[cst.Name]:
+    """The names an argument of a print or log call only reads: `kw`, `sorted(kw)`, `len(kw)`, `kw.items()`,
+    `f"{kw}"`."""
+    if isinstance(value, cst.Name):
+        return [value]
+    if isinstance(value, cst.Call) and len(value.args) == 1 and not value.args[0].star and not value.args[0].keyword:
+        if isinstance(value.func, cst.Name) and value.func.value in _SHOWING_BUILTINS:
+            return _shown_names(value.args[0].value)
+    if isinstance(value, cst.Call) and not value.args and isinstance(value.func, cst.Attribute):
+        if value.func.attr.value in _VIEWS and isinstance(value.func.value, cst.Name):
+            return [value.func.value]
+    if isinstance(value, cst.FormattedString):
+        parts = [part.expression for part in value.parts if isinstance(part, cst.FormattedStringExpression)]
+        return [name for part in parts for name in _shown_names(part)]
+    return []
 
 
 class _NotFilled(Exception):

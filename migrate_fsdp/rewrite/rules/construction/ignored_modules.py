@@ -35,7 +35,14 @@ class IgnoredModulesRule(KeywordRule):
             raise Unconvertible("FSDP1 rejects ignored_modules together with ignored_states; keep one")
         keyword = argument.arg.keyword
         parameters = keyword is not None and keyword.value == "ignored_parameters"
-        plan.ignored = Ignored(argument.value, argument.name == "ignored_states", parameters)
+        plan.ignored = Ignored(self._none_as_empty(argument.value), argument.name == "ignored_states", parameters)
+
+    def _none_as_empty(self, value: cst.BaseExpression) -> cst.BaseExpression:
+        """`value` with each None it may be (`[m.embed] if freeze else None`, a kwargs item set under an `if`) as
+        `()`: FSDP1 took None for nothing ignored, the converted code iterates it."""
+        if isinstance(value, cst.IfExp):
+            return value.with_changes(body=self._none_as_empty(value.body), orelse=self._none_as_empty(value.orelse))
+        return cst.Tuple([]) if self.analysis.is_none(value) else value
 
     def finish(self, plan) -> None:
         ignored = plan.ignored

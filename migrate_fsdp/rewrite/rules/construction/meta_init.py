@@ -30,6 +30,7 @@ import libcst as cst
 from migrate_fsdp.rewrite.rules.construction.codegen import statements
 from migrate_fsdp.rewrite.rules.construction.flags import flag, guarded
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
+from migrate_fsdp.rewrite.syntax import is_docstring
 
 _FLOW = (
     "with FSDP2: fully_shard on the meta device, then model.to_empty(device=...), then load weights "
@@ -104,9 +105,10 @@ class MetaInitRule(KeywordRule):
             params, body = value.params, value.body
         else:
             function = self.analysis.function(value)
-            if function is None or len(function.body.body) != 1:
+            code = [] if function is None else [line for line in function.body.body if not is_docstring(line)]
+            if len(code) != 1:
                 return None
-            statement = function.body.body[0]
+            statement = code[0]
             if not (isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr)):
                 return None
             params, body = function.params, statement.body[0].value

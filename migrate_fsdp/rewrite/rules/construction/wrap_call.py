@@ -185,13 +185,15 @@ class WrapCall(Rule):
         self._share_setup_at_kwargs_dicts()
 
     def _plan(self, site: CallSite) -> Plan:
+        dicts: list = []
         try:
-            arguments = bind(site.node, self.analysis.definitions, self._is_kwargs_use, skip=1 if site.is_partial else 0)
+            arguments = bind(site.node, self.analysis.definitions, self._is_kwargs_use, skip=1 if site.is_partial else 0, dicts=dicts)
         except Unbindable as error:
             plan = Plan(site, {})
             plan.problems.append(Problem(error.node, self.code, f"{_LEFT_AS_IS}{error.message}; pass the arguments as keywords"))
             return plan
         plan = Plan(site, arguments)
+        plan.definitions.extend(dicts)  # an empty `**kw` goes with the call too
         module = arguments.get("module")
         if site.is_partial and module is not None:
             self._problem(plan, module.arg, self.code, "functools.partial(FSDP, module) binds the module; call fully_shard on it directly")

@@ -93,7 +93,7 @@ class FlatParamInternals(TrainingRule):
         kind = self.receiver_kind(original)
         if kind is Kind.FSDP or (name in _UNMISTAKABLE and kind is not Kind.DDP and self.ctx.program.may_build_fsdp1()):
             receiver = code_of(self.ctx, original.value)
-            self.ctx.report(original, self.code, f"`{receiver}.{name}` is an FSDP1 internal; {_ADVICE}")
+            self.ctx.report(original, self.code, f"`{receiver}.{name}` is an FSDP1 internal; {_ADVICE}", fsdp1_only=True)
         return updated
 
     def _check_reference(self, node) -> bool:

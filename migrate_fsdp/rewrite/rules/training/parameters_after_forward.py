@@ -49,7 +49,12 @@ class ParametersAfterForward(TrainingRule):
             return updated
         model = func.value
         stack = tuple(self.ctx.stack)
-        if not self._under_no_grad() or not self.ctx.can_insert_statements() or not _updates_in_place(self.ctx.statement()):
+        region = self._under_no_grad()
+        if region is None or not self.ctx.can_insert_statements():
+            return updated
+        # the update may follow the read in the same no_grad block (dinov2 collects both models' parameters into
+        # lists, then `torch._foreach_mul_(teacher_params, m)`)
+        if not (_updates_in_place(self.ctx.statement()) or _updates_in_place(region)):
             return updated
         known = self.models.is_fsdp_model(model) or self.models.holder_origins(model, stack) is not None
         if known and self.ctx.program.use(original, self.code, stack) is not None:
@@ -83,13 +88,14 @@ class ParametersAfterForward(TrainingRule):
                 return True
         return False
 
-    def _under_no_grad(self) -> bool:
-        for node in self.ctx.stack:
+    def _under_no_grad(self) -> cst.CSTNode | None:
+        """The innermost `with torch.no_grad():` block (or function decorated so) holding the node visited."""
+        for node in reversed(self.ctx.stack):
             if isinstance(node, cst.With) and any(self._no_grad(item.item) for item in node.items):
-                return True
+                return node
             if isinstance(node, cst.FunctionDef) and any(self._no_grad(d.decorator) for d in node.decorators):
-                return True
-        return False
+                return node
+        return None
 
     def _no_grad(self, expression) -> bool:
         target = expression.func if isinstance(expression, cst.Call) else expression
