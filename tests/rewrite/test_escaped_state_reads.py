@@ -68,11 +68,16 @@ UNRELATED = b'''import torch
 class Trainer:
     def save(self):
         torch.save(self.model.module.state_dict(), "ddp.pt")
+
+
+if __name__ == "__main__":
+    Trainer().save()
 '''
 
 
 def test_a_script_no_import_links_to_the_model_keeps_its_state_reads():
     """Examples side by side in one repository: the DDP tutorial's checkpoint shares no model with the FSDP one."""
+    assert b"__main__" in UNRELATED  # a module without it may be imported by name (a library's config): it would take it
     files = {"fsdp/trainer.py": TRAINER, "fsdp/main.py": MAIN, "ddp/tutorial.py": UNRELATED}
     out = _rewrite(files)
     assert "fsdp2_state_dict(trainer.model)" in out["fsdp/main.py"]
@@ -94,6 +99,10 @@ from library import build_net
 class Evaluator:
     def load(self, path):
         self.model.load_state_dict(torch.load(path))
+
+
+if __name__ == "__main__":
+    Evaluator().load("model.pt")
 '''
 
 TRAINER_USING_THE_LIBRARY = TRAINER.replace(b"import torch\n", b"import torch\n\nfrom library import build_net\n", 1)
@@ -109,7 +118,14 @@ def test_a_script_sharing_only_a_library_with_the_model_runs_apart_and_keeps_its
 
 def test_a_module_imported_by_the_entry_point_running_the_model_takes_the_helper():
     """main.py runs the trainer's model and imports `checkpoint`: its reads may be of that model."""
-    checkpoint = SCRIPT_SHARING_A_LIBRARY.replace(b"from library import build_net\n", b"")
+    checkpoint = SCRIPT_SHARING_A_LIBRARY.replace(b"from library import build_net\n", b"").split(b"\n\n\nif __name__")[0] + b"\n"
     main = MAIN.replace(b"from trainer import Trainer\n", b"from checkpoint import Evaluator\nfrom trainer import Trainer\n")
     out = _rewrite({"trainer.py": TRAINER, "main.py": main, "checkpoint.py": checkpoint})
     assert "fsdp2_load_state_dict(self.model, torch.load(path))" in out["checkpoint.py"]
+
+
+def test_a_module_no_file_imports_may_still_be_imported_by_name_and_takes_the_helper():
+    """A callback module a library may load from a config: no import links it, yet it may run with the model."""
+    callback = SCRIPT_SHARING_A_LIBRARY.split(b"\n\n\nif __name__")[0] + b"\n"
+    out = _rewrite({"trainer.py": TRAINER, "main.py": MAIN, "callbacks.py": callback})
+    assert "fsdp2_load_state_dict(self.model, torch.load(path))" in out["callbacks.py"]

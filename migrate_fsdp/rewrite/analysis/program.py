@@ -367,7 +367,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             verdicts[path].state_reads.add(position)
     escaped = {path for path, position in converting if reaches[(path, position)] is None}  # files models leave sight from
     if escaped:
-        _escaped_state_reads(facts, verdicts, sources or {}, coresident(imports(), escaped) if sources else escaped)
+        _escaped_state_reads(facts, verdicts, sources or {}, _reached_from(escaped, sources, imports) if sources else escaped)
     for file in facts:
         for (position, _), use in file.uses.items():
             no_threat = not use.untied or reaching(final_staying, file.path, use.function) is None  # no FSDP1 model may reach it
@@ -378,6 +378,18 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             verdicts[file.path].unreached = True
     _convert_settings(facts, verdicts, flow)
     return {path: verdict for path, verdict in verdicts.items() if verdict}
+
+
+_MAIN_GUARD = re.compile(rb"""__name__\s*==\s*["']__main__["']""")
+
+
+def _reached_from(escaped: set[str], sources: Mapping[str, bytes], imports) -> set[str]:
+    """The files a model leaving sight from `escaped` may reach: those that may run in one process with them, and
+    any module (a library may import one by name, from a config); not a script that no file imports."""
+    graph = imports()
+    imported = imported_modules(graph)
+    near = coresident(graph, escaped)
+    return near | {path for path, data in sources.items() if path in imported or not _MAIN_GUARD.search(data)}
 
 
 def _escaped_state_reads(
