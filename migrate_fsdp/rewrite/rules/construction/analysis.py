@@ -157,6 +157,15 @@ class Analysis:
             return assignment.node
         return None
 
+    def function_definition(self, node) -> Definition | None:
+        """`def name(...)` of a name that `function` finds, as a definition that can go with the calls that read
+        it (not a decorated one: its decorator may register it)."""
+        function = self.function(node)
+        if function is None or function.decorators:
+            return None
+        (assignment,) = self.ctx.scope(node)[node.value]
+        return Definition(function.name, function, function, assignment)
+
     def built_on_meta(self, node) -> bool:
         """`node` is a name some assignment under `with torch.device("meta"):` gives."""
         if not isinstance(node, cst.Name):

@@ -60,6 +60,9 @@ class MetaInitRule(KeywordRule):
             plan.sync_module_states = sync
         elif not self.analysis.is_none(value):
             plan.param_init = self._materialiser(value) or argument
+            definition = self.analysis.function_definition(value) if isinstance(plan.param_init, ParamInit) else None
+            if definition is not None:
+                plan.definitions.append(definition)  # the materialising `def` goes with the calls that read it
 
     def finish(self, plan) -> None:
         init = plan.param_init

@@ -388,6 +388,11 @@ class WrapCall(Rule):
         self._dropped[id(updated)] = updated
         return updated
 
+    def leave_FunctionDef(self, original, updated):
+        if id(original) in self._removed:  # a param_init_fn only converted calls read
+            self._dropped[id(updated)] = updated
+        return updated
+
     def leave_If(self, original, updated):
         if id(original) in self._removed:  # an `if` that only filled a removed kwargs dict
             self._dropped[id(updated)] = updated
