@@ -19,17 +19,17 @@ def in_annotation(stack) -> bool:
 
 def spelled_fsdp1_names(ctx, string: cst.SimpleString) -> set[str]:
     """The FSDP1 qualified names the annotation `string` spells."""
-    return {name for names in _chains(ctx, string).values() for name in names if is_fsdp1(name)}
+    return {name for names in _chains(ctx, _parse(string)).values() for name in names if is_fsdp1(name)}
 
 
 def respell(ctx, string: cst.SimpleString, replacements: dict[str, str]) -> cst.SimpleString | None:
     """`string` with every name spelling a key of `replacements` (qualified) written as its value;
     None when it spells none of them."""
-    chains = _chains(ctx, string)
+    expression = _parse(string)
+    chains = _chains(ctx, expression)
     targets = {text: replacements[next(iter(names & replacements.keys()))] for text, names in chains.items() if names & replacements.keys()}
     if not targets:
         return None
-    expression = _parse(string)
     respelled = expression.visit(_Respeller(targets))
     text = cst.Module(body=[]).code_for_node(respelled)
     return string.with_changes(value=f"{string.prefix}{string.quote}{text}{string.quote}")
@@ -59,23 +59,27 @@ def _parse(string: cst.SimpleString) -> cst.BaseExpression | None:
         return None
 
 
-def _chains(ctx, string: cst.SimpleString) -> dict[str, set[str]]:
-    """Each outermost dotted name the string spells -> the qualified names it resolves to at module level."""
-    expression = _parse(string)
-    scope = ctx.scope(ctx.module)
-    if expression is None or scope is None:
-        return {}
+def _chains(ctx, expression: cst.BaseExpression | None) -> dict[str, set[str]]:
+    """Each outermost dotted name `expression` spells -> the qualified names it resolves to at module level."""
     chains: dict[str, set[str]] = {}
-    _collect(expression, chains, scope)
+    if expression is not None:
+        _collect(ctx, expression, chains)
     return chains
 
 
-def _collect(node: cst.CSTNode, chains: dict, scope) -> None:
+def _collect(ctx, node: cst.CSTNode, chains: dict) -> None:
     text = dotted(node) if isinstance(node, (cst.Name, cst.Attribute)) else ""
     if text:
-        root, _, rest = text.partition(".")
-        names = {q.name for q in scope.get_qualified_names_for(root)} or {root}
-        chains[text] = {canonical(f"{name}.{rest}" if rest else name) for name in names}
+        chains[text] = resolve_spelled(ctx, text)
         return
     for child in node.children:
-        _collect(child, chains, scope)
+        _collect(ctx, child, chains)
+
+
+def resolve_spelled(ctx, text: str) -> set[str]:
+    """The qualified names a dotted name spelled in a string (`"FSDP"`, `"fsdp.MixedPrecision"`) stands for at
+    module level: its first part resolved as the module's imports bind it."""
+    scope = ctx.scope(ctx.module)
+    root, _, rest = text.partition(".")
+    names = {q.name for q in scope.get_qualified_names_for(root)} if scope is not None else set()
+    return {canonical(f"{name}.{rest}" if rest else name) for name in names or {root}}

@@ -107,23 +107,24 @@ class _Wrapper(cst.CSTTransformer):
 
     def leave_For(self, original, updated):
         """A `for` header the rewrite made too long (`for module in _fsdp1_wrap_targets(...):`): its iterable split."""
-        header = self._code(updated.with_changes(leading_lines=())).split("\n", 1)[0]
-        indent = len("".join(self.indents))
-        if indent + len(header) <= self.limit or header.strip() in self.kept:
+        if not isinstance(updated.iter, cst.Call):
             return updated
-        if not isinstance(updated.iter, cst.Call) or not _splittable(updated.iter):
-            return updated
-        return updated.with_changes(iter=self._split(updated.iter, indent, 0))
+        return self._header_split(updated, "iter")
 
     def leave_If(self, original, updated):
         """An `if` / `elif` test the rewrite made too long (`if isinstance(module, (... if mp else ())):`): split."""
-        header = self._code(updated.with_changes(leading_lines=())).split("\n", 1)[0]
+        if "\n" in self._code(updated.test):
+            return updated
+        return self._header_split(updated, "test")
+
+    def _header_split(self, statement, part: str):
+        """`statement` with its header's expression `part` split at its brackets, when the header runs too long."""
+        header = self._code(statement.with_changes(leading_lines=())).split("\n", 1)[0]
         indent = len("".join(self.indents))
-        if indent + len(header) <= self.limit or header.strip() in self.kept or "\n" in self._code(updated.test):
-            return updated
-        if not _splittable(updated.test):
-            return updated
-        return updated.with_changes(test=self._split(updated.test, indent, 0))
+        expression = getattr(statement, part)
+        if indent + len(header) <= self.limit or header.strip() in self.kept or not _splittable(expression):
+            return statement
+        return statement.with_changes(**{part: self._split(expression, indent, 0)})
 
     def _code(self, node) -> str:
         return self.module.code_for_node(node)

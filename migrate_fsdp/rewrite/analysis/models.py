@@ -27,7 +27,7 @@ from enum import Enum
 import libcst as cst
 from libcst.metadata import Assignment, ComprehensionScope
 
-from migrate_fsdp.rewrite.names import canonical
+from migrate_fsdp.rewrite.forward_refs import resolve_spelled
 from migrate_fsdp.rewrite.syntax import chain_root, dotted, walk
 
 FSDP_CLASS = "torch.distributed.fsdp.FullyShardedDataParallel"
@@ -443,11 +443,9 @@ class FsdpModels:
         return kind
 
     def _spelled_class_kind(self, text: str) -> Kind | None:
-        scope = self.ctx.scope(self.ctx.module)
-        if not text or scope is None:
+        if not text:
             return None
-        names = {q.name for q in scope.get_qualified_names_for(text)} if "." not in text else {text}
-        names = {canonical(n) for n in names}
+        names = resolve_spelled(self.ctx, text)
         if FSDP_CLASS in names:
             return Kind.FSDP
         if not names.isdisjoint(DDP_CLASSES):

@@ -227,15 +227,24 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     untied = sorted((f.path, key) for f in facts for key, use in f.uses.items() if reachable(use) and not use.dispatchable)
     scripts = {f.path for f in facts if f.script}
 
-    def open_to_escapes(path: str) -> bool:
-        """A model out of the program's sight runs no function of a script that no file imports (`python train.py`),
-        unless it went out of sight from there (`self.teacher = make_teacher(...)` in the script)."""
+    def runs_alone(path: str) -> bool:
+        """`path` is a script that no file imports (`python train.py`): it runs only in its own processes, while a
+        module may be imported by name anywhere (a library reading a config)."""
         nonlocal imported
-        if path not in scripts or path in entered:
-            return True
+        if path in by_path:
+            script = path in scripts
+        else:  # a file not parsed (it names no FSDP)
+            script = sources is not None and bool(_MAIN_GUARD.search(sources.get(path, b"")))
+        if not script:
+            return False
         if imported is None:  # what imports what, found only when it matters
             imported = imported_modules(imports())
-        return path in imported
+        return path not in imported
+
+    def open_to_escapes(path: str) -> bool:
+        """A model out of the program's sight runs no function of a script that no file imports, unless it went out
+        of sight from there (`self.teacher = make_teacher(...)` in the script)."""
+        return path in entered or not runs_alone(path)
 
     untied_staying = sorted(
         (f.path, f"{use.code} in {f.path}") for f in facts for use in f.staying.values() if reachable(use) and open_to_escapes(f.path)
@@ -243,15 +252,9 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     alongside_of: dict[str, set[str]] = {}
 
     def together(one: str, other: str) -> bool:
-        """Whether a model leaving sight from file `one` may run code of file `other`: a module may be imported by
-        name anywhere (a library reading a config); a script that no file imports runs only in the processes it
-        shares with `one` (one imports the other, or a third both)."""
-        nonlocal imported
-        if sources is None or other not in scripts:
-            return True  # what imports what is unknown
-        if imported is None:
-            imported = imported_modules(imports())
-        if other in imported:
+        """Whether a model leaving sight from file `one` may run code of file `other`: any module may be; a script
+        that no file imports only in the processes it shares with `one` (one imports the other, or a third both)."""
+        if not runs_alone(other):
             return True
         for path in (one, other):
             if path not in alongside_of:
@@ -367,7 +370,8 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             verdicts[path].state_reads.add(position)
     escaped = {path for path, position in converting if reaches[(path, position)] is None}  # files models leave sight from
     if escaped:
-        _escaped_state_reads(facts, verdicts, sources or {}, _reached_from(escaped, sources, imports) if sources else escaped)
+        reached = coresident(imports(), escaped) | {path for path in sources if not runs_alone(path)} if sources else escaped
+        _escaped_state_reads(facts, verdicts, sources or {}, reached)  # what a model leaving sight may reach
     for file in facts:
         for (position, _), use in file.uses.items():
             no_threat = not use.untied or reaching(final_staying, file.path, use.function) is None  # no FSDP1 model may reach it
@@ -383,21 +387,12 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
 _MAIN_GUARD = re.compile(rb"""__name__\s*==\s*["']__main__["']""")
 
 
-def _reached_from(escaped: set[str], sources: Mapping[str, bytes], imports) -> set[str]:
-    """The files a model leaving sight from `escaped` may reach: those that may run in one process with them, and
-    any module (a library may import one by name, from a config); not a script that no file imports."""
-    graph = imports()
-    imported = imported_modules(graph)
-    near = coresident(graph, escaped)
-    return near | {path for path, data in sources.items() if path in imported or not _MAIN_GUARD.search(data)}
-
-
 def _escaped_state_reads(
     facts: list[FileFacts], verdicts: dict[str, Verdict], sources: Mapping[str, bytes], reached: set[str]
 ) -> None:
     """A model converting to FSDP2 that leaves the program's sight (`self.model = FSDP(...)`, a dict a factory
-    returns) may be any receiver of unknown origin whose state dict is read in `reached`, the files linked by
-    imports to one it leaves sight from (`trainer.model.state_dict()` in the script importing the trainer):
+    returns) may be any receiver of unknown origin whose state dict is read in `reached`, the files that may run
+    with one it leaves sight from (`trainer.model.state_dict()` in the script importing the trainer):
     there FSDP1 gave a full state dict and FSDP2 gives shards, silently. Every such read takes the helper that
     gives FSDP1's default for an FSDP2 module and calls any other module's own method; the files that read a
     state dict but name no FSDP are parsed for it (STATE_METHODS). Examples side by side in one repository share
@@ -442,17 +437,14 @@ def _custom_policy_readers(facts: list[FileFacts], flow: ValueFlow) -> dict:
     """Each `CustomPolicy(f)` setting -> (the constructors its value reaches, whether it has an FSDP2 form). One
     whose value goes out of sight may reach any constructor reading its policy at run time."""
     readers = {}
+    constructors = {(f.path, p) for f in facts for p in f.constructors}
     run_time = sorted((f.path, p) for f in facts for p, keywords in f.reads.items() if "auto_wrap_policy" in keywords)
     for file in facts:
         for position, readable in file.custom_policies.items():
             sinks = flow.sinks(file.path, position)
-            sites = run_time if sinks is None else sorted((s.path, s.call) for s in sinks if s.call in _constructors(facts, s.path))
+            sites = run_time if sinks is None else sorted({(s.path, s.call) for s in sinks} & constructors)
             readers[(file.path, position)] = (sites, readable)
     return readers
-
-
-def _constructors(facts: list[FileFacts], path: str) -> dict:
-    return next((f.constructors for f in facts if f.path == path), {})
 
 
 def _convert_settings(facts: list[FileFacts], verdicts: dict[str, Verdict], flow: ValueFlow) -> None:
@@ -557,7 +549,8 @@ def _tie_handed_on(
     Returns (unseen, reached, state_reads, entered). unseen: the constructors whose model has FSDP1's surface read (its
     state dict, `.module`, `.world_size`, ...) where no rule took it for an FSDP1 model's (a module naming no FSDP,
     a parameter of unknown origin): site -> where; FSDP2 would answer otherwise there (shards) or fail (no such
-    attribute). reached: site -> the files its model may be used in; None: anywhere (it escapes). state_reads:
+    attribute). reached: site -> the files its model may be used in, each with the functions there it is handed to
+    (ANYWHERE: any); None: anywhere (it escapes). state_reads:
     (path, Position) of a FileFacts.state_reads call, or of a STATE_METHODS read in a file not parsed, -> the
     constructors whose model reaches it. entered: the files models that go out of sight were followed into,
     where they may meet any code of the file."""
@@ -576,7 +569,6 @@ def _tie_handed_on(
 
     unseen: dict = {}
     reached: dict = {}
-    reached_in: dict = {}  # site -> path -> the functions there its model is handed to (ANYWHERE: any)
     state_reads: dict = {}
     entered: set = set()  # the files models that go out of sight were followed into first
 
@@ -585,8 +577,7 @@ def _tie_handed_on(
         found = [remote_calls.reach(path, remote) for remote in sorted(reach.remotes, key=repr)]
         for where, step in [(path, reach), *(f for f in found if f is not None)]:
             tie(where, step.callees, site)
-            reached[site].add(where)
-            reached_in[site].setdefault(where, set()).update(step.callees)
+            reached[site].setdefault(where, set()).update(step.callees)
             served = by_path[where].state_reads if _parsed(by_path.get(where)) else None
             for position, attribute in step.fsdp1_reads:
                 if position in served if served is not None else attribute in STATE_METHODS:
@@ -599,8 +590,7 @@ def _tie_handed_on(
     for file in facts:
         for position in file.constructors:
             site = (file.path, position)
-            reached[site] = set()
-            reached_in[site] = {file.path: {ANYWHERE}}  # in its own file, any function may see it (a global, self)
+            reached[site] = {file.path: {ANYWHERE}}  # in its own file, any function may see it (a global, self)
             own = Reach(
                 file.callees.get(position, frozenset()),
                 file.remotes.get(position, frozenset()),
@@ -613,8 +603,11 @@ def _tie_handed_on(
                 callers = factory_callers(remote_calls, sources, file.path, name, entered=entered) if sources is not None else None
                 for path, function, reach in callers if callers is not None else ():
                     tie(path, {function}, site)  # the caller's own uses of the model it gets
-                    reached_in[site].setdefault(path, set()).add(function)
-                    if reach.importable and path in imported or not follow(site, path, reach):
+                    if reach.importable and path in imported:
+                        callers = None
+                        break
+                    reached[site].setdefault(path, set()).add(function)
+                    if not follow(site, path, reach):
                         callers = None
                         break
                 if callers is None:
@@ -622,9 +615,6 @@ def _tie_handed_on(
             if position in file.escaping:
                 entered.update(reached[site])
                 reached[site] = None
-    for site, files in reached.items():
-        if files is not None:
-            reached[site] = {path: frozenset(reached_in[site].get(path, {ANYWHERE})) for path in files}
     return unseen, reached, state_reads, entered
 
 

@@ -146,25 +146,16 @@ class Analysis:
 
     def function(self, node) -> cst.FunctionDef | None:
         """The `def` a name refers to, when it is the only binding in sight."""
-        if not isinstance(node, cst.Name):
-            return None
-        scope = self.ctx.scope(node)
-        assignments = scope[node.value] if scope is not None else set()
-        if len(assignments) != 1:
-            return None
-        (assignment,) = assignments
-        if isinstance(assignment, Assignment) and isinstance(assignment.node, cst.FunctionDef):
-            return assignment.node
-        return None
+        assignment = function_binding(self.ctx, node)
+        return None if assignment is None else assignment.node
 
     def function_definition(self, node) -> Definition | None:
         """`def name(...)` of a name that `function` finds, as a definition that can go with the calls that read
         it (not a decorated one: its decorator may register it)."""
-        function = self.function(node)
-        if function is None or function.decorators:
+        assignment = function_binding(self.ctx, node)
+        if assignment is None or assignment.node.decorators:
             return None
-        (assignment,) = self.ctx.scope(node)[node.value]
-        return Definition(function.name, function, function, assignment)
+        return Definition(assignment.node.name, assignment.node, assignment.node, assignment)
 
     def built_on_meta(self, node) -> bool:
         """`node` is a name some assignment under `with torch.device("meta"):` gives."""
@@ -204,3 +195,14 @@ class Analysis:
             return node.value == "True"
         return None
 
+
+def function_binding(ctx, node) -> Assignment | None:
+    """The binding of the name `node` by a `def`, when it is the only binding in sight."""
+    if not isinstance(node, cst.Name):
+        return None
+    scope = ctx.scope(node)
+    assignments = scope[node.value] if scope is not None else set()
+    if len(assignments) != 1:
+        return None
+    (assignment,) = assignments
+    return assignment if isinstance(assignment, Assignment) and isinstance(assignment.node, cst.FunctionDef) else None

@@ -7,6 +7,7 @@ cannot list them; with FSDP2 call fully_shard on each of those modules
 (children first, with the same arguments), then on the root.
 """
 
+from migrate_fsdp.rewrite.analysis.models import MANUAL_WRAP
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule
 
 WRAP = "torch.distributed.fsdp.wrap"
@@ -23,7 +24,7 @@ class ManualWrapRule(KeywordRule):
     leftovers = {f"{WRAP}.enable_wrap": f"enable_wrap is FSDP1's; {_ADVICE}", f"{WRAP}.wrap": f"wrap is FSDP1's; {_ADVICE}"}
 
     def visit_Call(self, node) -> None:
-        if self.ctx.matches(node.func, f"{WRAP}.wrap"):
+        if self.ctx.matches(node.func, MANUAL_WRAP):
             # Under an enable_wrap(wrapper_cls=FSDP) context, possibly one out of sight, wrap() builds an FSDP1
             # model, which stays: its uses stay FSDP1 with it (analysis/program.py).
             self.ctx.program.constructor(node, converts=False, stack=tuple(self.ctx.stack))

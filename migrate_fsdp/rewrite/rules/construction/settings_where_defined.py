@@ -30,8 +30,8 @@ with the advice of its keyword's rule.
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.analysis.models import assignments_of
 from migrate_fsdp.rewrite.rule import Rule
+from migrate_fsdp.rewrite.rules.construction.analysis import function_binding
 from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import (
     CLASS_POLICIES,
     OR_HELPER,
@@ -73,7 +73,8 @@ class SettingsWhereDefined(Rule):
         if custom is not None:
             # No helper reads an FSDP1 CustomPolicy (only FSDP1's private API does): the constructors it reaches
             # stand or fall together, and with its FSDP2 form, which one returning FSDP1 arguments lacks.
-            definition = self._definition(custom)
+            binding = function_binding(ctx, custom)
+            definition = None if binding is None else binding.node
             readable = not may_return_kwargs(custom, definition)
             if ctx.program.setting(node, custom_policy=True, readable=readable) and readable:
                 self._converted[id(node)] = call(
@@ -112,13 +113,6 @@ class SettingsWhereDefined(Rule):
     def _custom_function(self, node: cst.Call) -> cst.BaseExpression | None:
         """The function of `CustomPolicy(f)`."""
         return only_argument(node, "lambda_fn") if self.ctx.matches(node.func, f"{WRAP}.CustomPolicy") else None
-
-    def _definition(self, function) -> cst.FunctionDef | None:
-        """The `def` a name passed as a CustomPolicy function stands for, when it is one in this file."""
-        if not isinstance(function, cst.Name):
-            return None
-        found = [a.node for a in assignments_of(self.ctx.scope(function), function.value)]
-        return found[0] if len(found) == 1 and isinstance(found[0], cst.FunctionDef) else None
 
     def _classes(self, node: cst.Call) -> cst.BaseExpression | None:
         """The classes of `ModuleWrapPolicy(X)` or `partial(transformer_auto_wrap_policy, transformer_layer_cls=X)`."""

@@ -14,14 +14,13 @@ for); the read is reported so that the change is seen where it happens.
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule
+from migrate_fsdp.rewrite.rules.training.summon_full_params import SUMMON_FULL_PARAMS
 
 _SHAPE_ATTRIBUTES = ("ndim", "shape")
 _SHAPE_METHODS = ("dim", "size")
 _PARAMETER_READS = ("parameters", "named_parameters")
 _LOOPS = (cst.CompFor, cst.For)
-_SUMMON = f"{FSDP_CLASS}.summon_full_params"
 
 
 class ParameterShapes(TrainingRule):
@@ -57,7 +56,7 @@ class ParameterShapes(TrainingRule):
         """Under `with FSDP.summon_full_params(...)`, where FSDP1's parameters had their shapes too."""
         return any(
             isinstance(node, cst.With)
-            and any(isinstance(item.item, cst.Call) and self.ctx.matches(item.item.func, _SUMMON) for item in node.items)
+            and any(isinstance(item.item, cst.Call) and self.ctx.matches(item.item.func, SUMMON_FULL_PARAMS) for item in node.items)
             for node in self.ctx.stack
         )
 

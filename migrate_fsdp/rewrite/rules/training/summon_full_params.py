@@ -41,6 +41,7 @@ from migrate_fsdp.rewrite.rules.construction.codegen import statements
 from migrate_fsdp.rewrite.rules.training.parameters_after_forward import HELPER_NAME as RESHARD_HELPER, reshards
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
+SUMMON_FULL_PARAMS = f"{FSDP_CLASS}.summon_full_params"
 _PARAMS = ("module", "recurse", "writeback", "rank0_only", "offload_to_cpu", "with_grads")
 _DEFAULTS = {"recurse": True, "writeback": True, "rank0_only": False, "offload_to_cpu": False, "with_grads": False}
 # What may be done with a gathered parameter without changing it.
@@ -110,7 +111,7 @@ class SummonFullParams(RemovesStatements):
         if node.func.attr.value != "summon_full_params" or self.ctx.matches(node.func.value, "torch.distributed.fsdp.FSDPModule"):
             return False
         # fairscale's FSDP has one too: only a program using torch's FSDP1 is asked about it.
-        return self.ctx.matches(node.func, f"{FSDP_CLASS}.summon_full_params") or self.ctx.program.may_build_fsdp1()
+        return self.ctx.matches(node.func, SUMMON_FULL_PARAMS) or self.ctx.program.may_build_fsdp1()
 
     def _in_with_item(self, call) -> bool:
         stack = self.ctx.stack
