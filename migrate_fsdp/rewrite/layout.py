@@ -26,15 +26,29 @@ _INDENT = 4
 
 
 def line_length(source: str) -> int:
-    """The line length a file keeps to: black's default, or the length of its longest lines of code."""
+    """The line length a file keeps to: black's default, or the length of its longest lines of code.
+
+    Strings do not count, nor do the brackets and comma closing a string that starts its line
+    (`"a message of 160 characters",`): black leaves such a line long in a file that keeps to 88."""
     longest = 0
+    row = 0
+    string_line = after_string = False
     try:
         for token in tokenize.generate_tokens(io.StringIO(source).readline):
-            if token.type not in (tokenize.COMMENT, tokenize.STRING, tokenize.NL, tokenize.NEWLINE):
+            if token.start[0] != row:
+                row, string_line = token.start[0], token.type == tokenize.STRING
+            if token.type == tokenize.STRING or after_string and string_line and token.string in _CLOSING:
+                after_string = True
+                continue
+            after_string = False
+            if token.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE):
                 longest = max(longest, token.end[1])
     except (tokenize.TokenError, SyntaxError):
         return BLACK_LINE
     return max(BLACK_LINE, longest)
+
+
+_CLOSING = frozenset({",", ")", "]", "}", ":"})
 
 
 def wrap_long_lines(module: cst.Module, original_source: str, verbatim: frozenset[str] = frozenset()) -> cst.Module:
@@ -73,10 +87,11 @@ class _Wrapper(cst.CSTTransformer):
         statement = updated.body[0]
         if isinstance(statement, cst.ImportFrom) and not isinstance(statement.names, cst.ImportStar):
             return updated.with_changes(body=[_import_exploded(statement)])
-        value = getattr(statement, "value", None)
+        part = "exc" if isinstance(statement, cst.Raise) else "value"
+        value = getattr(statement, part, None)
         if not _splittable(value):
             return updated
-        return updated.with_changes(body=[statement.with_changes(value=self._split(value, indent, 0))])
+        return updated.with_changes(body=[statement.with_changes(**{part: self._split(value, indent, 0)})])
 
     def _moved_container(self, line, code: str) -> bool:
         """A new assignment of a table written over several lines (`param_dtype = {...}[args.precision]` taken out
@@ -134,6 +149,8 @@ class _Wrapper(cst.CSTTransformer):
         indentation `start`."""
         if isinstance(node, cst.IfExp):
             return self._split_conditional(node, start, level)
+        if isinstance(node, cst.BooleanOperation):
+            return self._split_boolean(node, start, level)
         if isinstance(node, _COMPREHENSIONS):
             return self._split_comprehension(node, start, level)
         if isinstance(node, cst.Subscript):  # `{...}[key]`: the table's brackets
@@ -141,7 +158,8 @@ class _Wrapper(cst.CSTTransformer):
         inner = level + _INDENT
         items = _items(node)
         hugged = " ".join(self._code(item).strip() for item in items)
-        if start + inner + len(hugged) <= self.limit and isinstance(node, cst.Call):
+        alone = len(items) == 1 and not _splittable(items[0].value)  # a long string: black leaves it long
+        if (start + inner + len(hugged) <= self.limit or alone) and isinstance(node, cst.Call):
             return _laid_out(node, items, inner, level, one_a_line=False)
         split_items = []
         for item in items:
@@ -177,6 +195,27 @@ class _Wrapper(cst.CSTTransformer):
             changes["lbrace"] = cst.LeftCurlyBrace(whitespace_after=_newline(inner))
             changes["rbrace"] = cst.RightCurlyBrace(whitespace_before=_newline(level))
         return node.with_changes(**changes)
+
+    def _split_boolean(self, node: cst.BooleanOperation, start: int, level: int) -> cst.BooleanOperation:
+        """`a and b and c` in parentheses, an operand a line with its operator first (black's split), an operand
+        still too long split in turn."""
+        inner = level + _INDENT
+
+        def part(value):
+            text = self._code(value).strip()
+            if start + inner + len("and ") + len(text) > self.limit and _splittable(value):
+                return self._split(value, start, inner)
+            return value
+
+        def laid_out(link):
+            left = link.left
+            same = isinstance(left, cst.BooleanOperation) and type(left.operator) is type(link.operator) and not left.lpar
+            operator = link.operator.with_changes(whitespace_before=_newline(inner))
+            return link.with_changes(left=laid_out(left) if same else part(left), operator=operator, right=part(link.right))
+
+        return laid_out(node).with_changes(
+            lpar=[cst.LeftParen(whitespace_after=_newline(inner))], rpar=[cst.RightParen(whitespace_before=_newline(level))]
+        )
 
     def _split_conditional(self, node: cst.IfExp, start: int, level: int) -> cst.IfExp:
         """`a if t else b if u else c` in parentheses, a line for each part (black's ternary split), a part that is
@@ -223,11 +262,15 @@ def _splittable(node) -> bool:
         return _splittable(node.value) and not node.value.lpar
     if isinstance(node, cst.IfExp):
         return True
+    if isinstance(node, cst.BooleanOperation):
+        return True  # its parentheses, if any, are laid out anew
     if isinstance(node, _COMPREHENSIONS):
         return not isinstance(node, cst.GeneratorExp) or bool(node.lpar)  # a call's only argument shares its brackets
     if isinstance(node, cst.Call):
         args = node.args
         return bool(args) and not any(isinstance(a.value, cst.GeneratorExp) and not a.value.lpar for a in args)
+    if isinstance(node, cst.Tuple):
+        return bool(node.lpar) and bool(node.elements)  # a bare tuple's items are not bracketed
     return isinstance(node, (cst.Dict, cst.List)) and bool(node.elements)
 
 
@@ -264,6 +307,12 @@ def _laid_out(node, items: list, inner: int, outer: int, one_a_line: bool):
             elements=items,
             lbrace=cst.LeftCurlyBrace(whitespace_after=_newline(inner)),
             rbrace=cst.RightCurlyBrace(whitespace_before=closing),
+        )
+    if isinstance(node, cst.Tuple):
+        return node.with_changes(
+            elements=items,
+            lpar=[cst.LeftParen(whitespace_after=_newline(inner))],
+            rpar=[cst.RightParen(whitespace_before=closing)],
         )
     return node.with_changes(
         elements=items,

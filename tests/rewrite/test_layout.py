@@ -19,6 +19,9 @@ def test_the_line_length_is_blacks_or_the_files_longest_code():
     assert line_length("x = 1\n") == 88
     assert line_length("x = f(" + "a, " * 40 + "b)\n") == 128
     assert line_length("# " + "x" * 200 + "\ny = 'a' + '" + "s" * 150 + "'\n") == 88  # comments and strings do not count
+    # nor what closes a string that starts its line: black leaves it long (llama-recipes' finetuning.py)
+    assert line_length("warn(\n    '" + "s" * 160 + "',\n)\n") == 88
+    assert line_length("torch.save({'model': model.state_dict()}, 'a_file_name_to_save_the_model_in_and_more.pt')\n") == 89
 
 
 def test_arguments_go_on_one_line_when_they_fit_there_else_one_a_line():
@@ -198,5 +201,53 @@ def test_a_long_if_test_and_a_table_taken_out_of_a_call_are_split():
                     module, (nn.modules.batchnorm._BatchNorm if cfg.mixed_precision else ())
                 ):
                     fully_shard(module)
+        """
+    )
+
+
+def test_a_long_test_goes_in_parentheses_an_operand_a_line_and_a_long_message_on_a_line_of_its_own():
+    """llama-recipes' finetuning.py: the sync_module_states check the rewrite writes ran to 147 characters, in a
+    file whose only longer line is a message black cannot split."""
+    original = """\
+        def main(cfg, mesh):
+            warn(
+                "Quantization (--quantization) is a boolean, please specify quantization as '4bit' or '8bit'. Defaulting to '8bit'.",
+            )
+        """
+    rewritten = """\
+        def main(cfg, mesh):
+            if cfg.low_cpu_fsdp and mesh is not None and mesh.size() != torch.distributed.get_world_size() and cfg.really:
+                raise NotImplementedError("sync_module_states over a device mesh of some ranks: broadcast its first rank's weights")
+        """
+    assert wrapped(original, rewritten) == textwrap.dedent(
+        """\
+        def main(cfg, mesh):
+            if (
+                cfg.low_cpu_fsdp
+                and mesh is not None
+                and mesh.size() != torch.distributed.get_world_size()
+                and cfg.really
+            ):
+                raise NotImplementedError(
+                    "sync_module_states over a device mesh of some ranks: broadcast its first rank's weights"
+                )
+        """
+    )
+
+
+def test_a_long_tuple_goes_an_item_a_line():
+    rewritten = """\
+        def policy():
+            classes = (LlamaDecoderLayer, MllamaSelfAttentionDecoderLayer, MllamaVisionEncoderLayer, MllamaCrossAttentionLayer)
+        """
+    assert wrapped("", rewritten) == textwrap.dedent(
+        """\
+        def policy():
+            classes = (
+                LlamaDecoderLayer,
+                MllamaSelfAttentionDecoderLayer,
+                MllamaVisionEncoderLayer,
+                MllamaCrossAttentionLayer,
+            )
         """
     )
