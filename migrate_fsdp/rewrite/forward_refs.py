@@ -10,7 +10,7 @@ them with the code around them and the leftover check reports the rest.
 import libcst as cst
 
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
-from migrate_fsdp.rewrite.syntax import dotted
+from migrate_fsdp.rewrite.syntax import children, dotted
 
 
 def in_annotation(stack) -> bool:
@@ -72,7 +72,7 @@ def _collect(ctx, node: cst.CSTNode, chains: dict) -> None:
     if text:
         chains[text] = resolve_spelled(ctx, text)
         return
-    for child in node.children:
+    for child in children(node):
         _collect(ctx, child, chains)
 
 

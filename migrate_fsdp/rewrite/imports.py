@@ -168,7 +168,8 @@ class _DropUnusedImports(cst.CSTTransformer):
         self.used_before_anywhere = used_before_anywhere
         self.kept = kept  # module-level names other files of the program import from this one
         self.dropped: set[str] = set()  # module-level names whose FSDP imports went
-        self.functions: list[_UsedNames] = []  # the uses inside each enclosing function, innermost last
+        self.functions: list[cst.FunctionDef] = []  # the enclosing functions, innermost last
+        self._inside: dict[int, _UsedNames] = {}  # the uses inside a function that imports, by its id
         self.emptied: set[int] = set()  # ids of the original import lines dropped whole
         self.keeps_fsdp1 = False  # some FSDP1 import is still used: the file stays partly FSDP1
 
@@ -178,9 +179,7 @@ class _DropUnusedImports(cst.CSTTransformer):
         )
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        inside = _UsedNames(scoped=False)
-        node.body.visit(inside)
-        self.functions.append(inside)
+        self.functions.append(node)
 
     def leave_FunctionDef(self, original, updated):
         self.functions.pop()
@@ -219,13 +218,20 @@ class _DropUnusedImports(cst.CSTTransformer):
 
     def _unused(self, qualified: str, alias: cst.ImportAlias) -> bool:
         # An import inside a function serves that function only.
-        used, used_before = (self.functions[-1], self.used_before_anywhere) if self.functions else (self.used, self.used_before)
+        used, used_before = (self._used_inside(), self.used_before_anywhere) if self.functions else (self.used, self.used_before)
         by_chain = is_fsdp1(qualified)
         if by_chain and (self.converted or not self.keeps_fsdp1):
             return not _uses(used, alias, by_chain=True)  # a migrated file keeps no FSDP1 import it does not use
         if not _uses(used_before, alias, by_chain=by_chain):
             return False  # unused in the input too: a re-export or a side effect, not ours to judge
         return not _uses(used, alias, by_chain=by_chain)
+
+    def _used_inside(self) -> _UsedNames:
+        function = self.functions[-1]
+        if id(function) not in self._inside:
+            self._inside[id(function)] = inside = _UsedNames(scoped=False)
+            function.body.visit(inside)
+        return self._inside[id(function)]
 
     def leave_SimpleStatementLine(self, original, updated):
         if not updated.body:
@@ -594,7 +600,9 @@ def finish_module(
     module = module.with_changes(body=body)
     used = _used_names(module)
     _add_imports(body, imports, used)
-    module = module.with_changes(body=body).visit(_ImportsIntoFunctions(imports))
+    module = module.with_changes(body=body)
+    if imports:
+        module = module.visit(_ImportsIntoFunctions(imports))
     dropper = _DropUnusedImports(used, _used_names(original), _used_names(original, scoped=False), kept, bool(imports))
     module = module.visit(dropper)
     return module.visit(_DropDeadBlocks()), dropper.dropped
@@ -611,12 +619,12 @@ class _ImportsIntoFunctions(cst.CSTTransformer):
         self.needed: list[list] = []  # per enclosing function: [(module, name, local)] still to place
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        bound = local_imports(node)
-        inside = _UsedNames(scoped=False)
-        node.body.visit(inside)
-        self.needed.append(
-            [(m, n, local) for (m, n), local in self.imports.items() if local in bound and local in inside.names]
-        )
+        bound = local_imports(node) & set(self.imports.values())
+        if bound:
+            inside = _UsedNames(scoped=False)
+            node.body.visit(inside)
+            bound &= inside.names
+        self.needed.append([(m, n, local) for (m, n), local in self.imports.items() if local in bound])
 
     def leave_FunctionDef(self, original, updated):
         self.needed.pop()

@@ -28,7 +28,7 @@ import libcst as cst
 from libcst.metadata import Assignment, ComprehensionScope
 
 from migrate_fsdp.rewrite.forward_refs import resolve_spelled
-from migrate_fsdp.rewrite.syntax import chain_root, dotted, walk
+from migrate_fsdp.rewrite.syntax import chain_root, children, dotted, walk
 
 FSDP_CLASS = "torch.distributed.fsdp.FullyShardedDataParallel"
 # What a rewrite turns FSDP1 models into: judged the same, so a second run reports what the first did.
@@ -618,8 +618,7 @@ class FsdpModels:
         if k == len(path) or k == 0:
             return None
         parent, mine, theirs = def_path[k - 1], def_path[k], path[k]
-        children = list(parent.children)
-        order = {id(child): index for index, child in enumerate(children)}
+        order = {id(child): index for index, child in enumerate(children(parent))}
         if id(mine) not in order or id(theirs) not in order or order[id(mine)] > order[id(theirs)]:
             return None
         if isinstance(parent, cst.If) and mine is parent.body and theirs is parent.orelse:

@@ -16,7 +16,7 @@ import re
 import libcst as cst
 
 from migrate_fsdp.rewrite.names import is_fsdp1, is_fsdp2
-from migrate_fsdp.rewrite.syntax import walk
+from migrate_fsdp.rewrite.syntax import children, walk
 
 # How a torch version test usually reads: `Version(torch.__version__) >= ...`, `TORCH_GE_2_4`,
 # `is_torch_greater_or_equal(...)`.
@@ -29,6 +29,7 @@ _FSDP2_WORD = re.compile(r"fully_shard|FSDPModule|MixedPrecisionPolicy|CPUOffloa
 _FSDP1_NAMED = re.compile(r"fsdp_?1", re.IGNORECASE)
 _FSDP_VERSION_SETTING = re.compile(r"fsdp_?version|fsdp_?[12]\b", re.IGNORECASE)
 _FSDP2_NAMED = re.compile(r"fsdp_?2", re.IGNORECASE)
+_FSDP2_TWIN = re.compile(r"def\s+\w*fsdp_?2", re.IGNORECASE)  # a cheap test before looking for the defs
 
 
 class DualVersionRegions:
@@ -37,6 +38,7 @@ class DualVersionRegions:
     def __init__(self, ctx) -> None:
         self.ctx = ctx
         self._regions: dict[int, str] | None = None
+        self._named: dict[int, tuple[bool, bool, bool]] = {}  # by node id: what `_versions` and FSDP2 words find
 
     def why(self, node) -> str | None:
         """What makes `node` such a region, when it is one."""
@@ -50,24 +52,45 @@ class DualVersionRegions:
 
     def _versions(self, node) -> tuple[bool, bool]:
         """(names FSDP1, names FSDP2) anywhere under `node`."""
-        one = two = False
-        for child, parents in walk(node):
-            if isinstance(child, (cst.Name, cst.Attribute)) and not isinstance(parents[-1] if parents else None, cst.Attribute):
-                names = self.ctx.qualified_names(child)
-                one = one or any(is_fsdp1(n) for n in names)
-                two = two or any(is_fsdp2(n) for n in names)
+        one, two, _ = self._names(node)
         return one, two
 
     def _branch_versions(self, body) -> tuple[bool, bool]:
         """`_versions`, where FSDP2 may also be spelt through a project's own re-export or wrapper
         (`from myproject.utils import fully_shard`, `apply_fsdp2(model)`)."""
-        one, two = self._versions(body)
-        if not two:
-            two = any(
-                isinstance(child, cst.Name) and (_FSDP2_WORD.fullmatch(child.value) or _FSDP2_NAMED.search(child.value))
-                for child, _ in walk(body)
-            )
-        return one, bool(two)
+        one, two, word = self._names(body)
+        return one, two or word
+
+    def _names(self, node) -> tuple[bool, bool, bool]:
+        """(names FSDP1, names FSDP2, has a word that says FSDP2) anywhere under `node`: read off the tree
+        bottom up, each node once (the branches of nested `if`s are asked about again and again)."""
+        found = self._named.get(id(node))
+        if found is None:
+            self._read_names(node)
+            found = self._named.pop(id(node))  # `node` may be a block made for the question (`_rest`): not kept
+        return found
+
+    def _read_names(self, root) -> None:
+        named = self._named
+        pending = [(root, None, None)]
+        while pending:
+            node, parent, below = pending.pop()
+            if below is None:
+                below = children(node)
+                pending.append((node, parent, below))
+                pending.extend((child, node, None) for child in below if id(child) not in named)
+                continue
+            one = two = word = False
+            if isinstance(node, (cst.Name, cst.Attribute)) and not isinstance(parent, cst.Attribute):
+                names = self.ctx.qualified_names(node)
+                one = any(is_fsdp1(n) for n in names)
+                two = any(is_fsdp2(n) for n in names)
+            if isinstance(node, cst.Name):
+                word = bool(_FSDP2_WORD.fullmatch(node.value) or _FSDP2_NAMED.search(node.value))
+            for child in below:
+                child_one, child_two, child_word = named[id(child)]
+                one, two, word = one or child_one, two or child_two, word or child_word
+            named[id(node)] = (one, two, word)
 
     def _find(self) -> dict[int, str]:
         regions: dict[int, str] = {}
@@ -77,7 +100,7 @@ class DualVersionRegions:
             return regions  # nothing to dispatch between
         twins = {
             statement.name.value
-            for statement, _ in walk(module)
+            for statement, _ in (walk(module) if _FSDP2_TWIN.search(text) else ())
             if isinstance(statement, cst.FunctionDef) and _FSDP2_NAMED.search(statement.name.value)
         }
         for node, parents in walk(module):
