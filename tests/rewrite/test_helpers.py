@@ -26,13 +26,13 @@ def helper(name):
 
 
 def test_the_rewrite_uses_every_helper_file():
+    from migrate_fsdp.rewrite import reshard
     from migrate_fsdp.rewrite.rules.construction import auto_wrap_policy, forward_prefetch, mesh, mixed_precision, settings_where_defined
     from migrate_fsdp.rewrite.rules.training import (
         clip_grad_norm,
         fsdp_modules,
         no_sync,
         optim_state_dict,
-        parameters_after_forward,
         state_dict_type,
         state_dicts,
     )
@@ -61,7 +61,7 @@ def test_the_rewrite_uses_every_helper_file():
         state_dicts.FULL_KIND_HELPER,
         state_dict_type.ANY_MODULE_SAVE_HELPER,
         state_dict_type.ANY_MODULE_LOAD_HELPER,
-        parameters_after_forward.HELPER_NAME,
+        reshard.HELPER_NAME,
     }
     assert used == set(NAMES)
 

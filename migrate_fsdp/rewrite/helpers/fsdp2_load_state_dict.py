@@ -9,11 +9,14 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule
 
+from migrate_fsdp.rewrite.helpers.fsdp2_reshard import fsdp2_reshard
+
 
 def fsdp2_load_state_dict(module, state_dict, strict=True):
     """`module.load_state_dict(state_dict, strict)`: each rank gives full tensors where
     FSDP2 shards `module`, as with FSDP1, and keeps its shards of them."""
     if any(isinstance(part, FSDPModule) for part in module.modules()):
+        fsdp2_reshard(module)  # an evaluation may have left it unsharded
         return set_model_state_dict(
             module,
             state_dict,

@@ -23,10 +23,10 @@ FSDP1 gets no FSDP2 code at all.
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.reshard import reshard_before
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule
-from migrate_fsdp.rewrite.syntax import dotted, walk
+from migrate_fsdp.rewrite.syntax import walk
 
-HELPER_NAME = "fsdp2_reshard"
 _NO_GRAD = ("torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode")
 _READS = ("parameters", "named_parameters")
 _GRAD_OFF = (b"no_grad", b"inference_mode")
@@ -62,31 +62,8 @@ class ParametersAfterForward(TrainingRule):
         if not known and not (self.ctx.program.may_build_fsdp1() and self.ctx.program.dispatch(original.func)):
             return updated  # a module of unknown origin (`self.teacher[k]`) is resharded where an FSDP1 model that
             # converts may reach it: that is a no-op where it holds no FSDP2 module, so it needs no verdict
-        done = self.ctx.facts.setdefault(self.code, set())
-        key = (id(self.ctx.statement()), dotted(model) or self.ctx.code(model))
-        if key not in done and not self._resharded_before(model):
-            done.add(key)
-            helper = self.ctx.add_helper(HELPER_NAME)
-            current = updated.func.value if isinstance(updated.func, cst.Attribute) else model
-            call = cst.Call(func=cst.Name(helper), args=[cst.Arg(current)])
-            self.ctx.insert_before([cst.SimpleStatementLine([cst.Expr(call)])])
+        reshard_before(self.ctx, updated.func.value if isinstance(updated.func, cst.Attribute) else model)
         return updated
-
-    def _resharded_before(self, model) -> bool:
-        """The statements right before this one already reshard `model` (a file rewritten before, kept for a
-        name of FSDP1's it still has): a second run adds nothing."""
-        statement = self.ctx.statement()
-        block = next((n for n in reversed(self.ctx.stack) if isinstance(n, (cst.IndentedBlock, cst.Module))), None)
-        body = list(block.body) if block is not None else []
-        index = next((i for i, s in enumerate(body) if s is statement), None)
-        wanted = self.ctx.code(model)
-        for previous in reversed(body[:index] if index is not None else []):
-            resharded = reshards(self.ctx, previous)
-            if resharded is None:
-                return False
-            if resharded == wanted:
-                return True
-        return False
 
     def _under_no_grad(self) -> cst.CSTNode | None:
         """The innermost `with torch.no_grad():` block (or function decorated so) holding the node visited."""
@@ -100,15 +77,6 @@ class ParametersAfterForward(TrainingRule):
     def _no_grad(self, expression) -> bool:
         target = expression.func if isinstance(expression, cst.Call) else expression
         return self.ctx.matches(target, *_NO_GRAD)
-
-
-def reshards(ctx, statement) -> str | None:
-    """The code of the model `statement` reshards with this rule's helper (`fsdp2_reshard(model)`), if it does."""
-    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
-    call = small.value if isinstance(small, cst.Expr) else None
-    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value.startswith(HELPER_NAME)):
-        return None
-    return ctx.code(call.args[0].value) if len(call.args) == 1 else None
 
 
 def _updates_in_place(statement) -> bool:

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import GlobalScope
 
+from migrate_fsdp.rewrite.reshard import HELPER_NAME as RESHARD_HELPER
+from migrate_fsdp.rewrite.reshard import reshard_before
 from migrate_fsdp.rewrite.rule import FSDP2_MODELS, OPTIMIZER_STATE
 from migrate_fsdp.rewrite.rules.training.base import RemovesStatements, bind, literal_bool
 from migrate_fsdp.rewrite.syntax import chain_root, dotted, walk
@@ -486,10 +488,12 @@ class StateDictPlan:
         return f"`{text if len(text) <= 60 else text[:57] + '...'}`"
 
     def _reads_only(self, call) -> bool:
-        """Calls that take the model without keeping it or reading the setting: FSDP's own, type checks, FSDP2's."""
+        """Calls that take the model without keeping it or reading the setting: FSDP's own, type checks, FSDP2's
+        (a reshard the rewrite put there included)."""
         return isinstance(call, cst.Call) and (
             self._fsdp_method(call.func) is not None
             or self.ctx.matches(call.func, FSDP_CLASS, *_INSPECTING, *_EXPLICIT)
+            or isinstance(call.func, cst.Name) and call.func.value == RESHARD_HELPER
         )
 
     def _plan_config_statements(self) -> None:
@@ -618,6 +622,9 @@ class Builder:
         return cst.Arg(call, keyword=cst.Name("options"), equal=_NO_SPACE_EQUAL)
 
     def call(self, function: str, args: list, options: cst.Arg | None) -> cst.Call:
+        if function in _THROUGH_SHARDS:
+            model = args[0].value if isinstance(args[0], cst.Arg) else args[0]
+            reshard_before(self.ctx, model)
         return self._call(self.ctx.require_import(DSD, function), args, options)
 
     def helper_call(self, helper: str, args: list, options: cst.Arg | None) -> cst.Call:
@@ -660,6 +667,8 @@ class Builder:
         return kind == FULL
 
 
+# The calls that fail on a model a forward left unsharded (an evaluation under no_grad): see reshard.py.
+_THROUGH_SHARDS = ("set_model_state_dict", "get_optimizer_state_dict", "set_optimizer_state_dict")
 _NO_SPACE_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 

@@ -29,6 +29,10 @@ other uses of the model inside) is reported with the DTensor way to do it.
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
+from migrate_fsdp.rewrite.reshard import HELPER_NAME as RESHARD_HELPER
+from migrate_fsdp.rewrite.reshard import reshards
+from migrate_fsdp.rewrite.rules.construction.codegen import statements
 from migrate_fsdp.rewrite.rules.training.base import (
     FSDP2_TOKENS,
     RemovesStatements,
@@ -36,9 +40,6 @@ from migrate_fsdp.rewrite.rules.training.base import (
     from_template,
     literal_bool,
 )
-from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
-from migrate_fsdp.rewrite.rules.construction.codegen import statements
-from migrate_fsdp.rewrite.rules.training.parameters_after_forward import HELPER_NAME as RESHARD_HELPER, reshards
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
 SUMMON_FULL_PARAMS = f"{FSDP_CLASS}.summon_full_params"
