@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.analysis.guards import in_non_fsdp_branch
+from migrate_fsdp.rewrite.analysis.guards import in_non_fsdp_branch, unwraps_if_wrapped
 from migrate_fsdp.rewrite.analysis.models import assignments_of
 from migrate_fsdp.rewrite.helpers import helper_names, is_inserted_helper
 from migrate_fsdp.rewrite.syntax import walk
@@ -186,8 +186,9 @@ def _read(
     parent = ancestors[-1] if ancestors else None
     if isinstance(parent, cst.Attribute) and parent.value is name:
         if fsdp1_reads is not None and parent.attr.value in FSDP1_SURFACE:
-            if not in_non_fsdp_branch((*ancestors, name)):  # where the program says it runs without FSDP: its own
-                fsdp1_reads.append(parent)
+            unwrap = parent.attr.value == "module" and unwraps_if_wrapped(ctx, (*ancestors, parent), name.value)
+            if not in_non_fsdp_branch((*ancestors, name)) and not unwrap:  # where the program says it runs
+                fsdp1_reads.append(parent)  # without FSDP: its own
         return
     if isinstance(parent, cst.Call) and parent.func is name:
         if factory_in is not None:

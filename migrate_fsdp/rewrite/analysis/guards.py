@@ -94,3 +94,23 @@ def checked_instance(ctx, stack, receiver: str, cls: str) -> bool:
             ):
                 return True
     return False
+
+
+def unwraps_if_wrapped(ctx, stack, receiver: str) -> bool:
+    """Whether the innermost node of `stack` (a `receiver.module` read) runs only when
+    `hasattr(receiver, "module")`: the unwrap idiom (`if hasattr(model, "module"): model = model.module`,
+    transformers' `unwrap_model`), which serves FSDP1's wrapper and DDP's, and leaves an FSDP2 model, which is
+    the module itself, as it is."""
+    for index, node in enumerate(stack[:-1]):
+        if isinstance(node, (cst.If, cst.IfExp)) and stack[index + 1] is node.body:
+            test = node.test
+            if (
+                isinstance(test, cst.Call)
+                and ctx.matches(test.func, "builtins.hasattr")
+                and len(test.args) == 2
+                and dotted(test.args[0].value) == receiver
+                and isinstance(test.args[1].value, cst.SimpleString)
+                and test.args[1].value.evaluated_value == "module"
+            ):
+                return True
+    return False

@@ -14,6 +14,11 @@ from migrate_fsdp.rewrite.rules.construction.devices import SET_DEVICE, TORCH_DE
 from migrate_fsdp.rewrite.syntax import chain_root, subtree_ids
 
 
+_PARAMETER_READS = ("parameters", "named_parameters")
+_REDUCERS = ("sum", "len", "print", "any", "all", "max", "min", "int", "float", "str", "repr", "format")
+_KEEPERS = ("append", "extend", "add_param_group", "update", "insert")
+
+
 class Analysis:
     def __init__(self, ctx) -> None:
         self.ctx = ctx
@@ -25,6 +30,7 @@ class Analysis:
         self.insertable: set[int] = set()  # statements that statements may be inserted before
         self._inits: list[int] = []  # positions of statements calling init_process_group
         self.fsdp1_arguments: set[int] = set()  # ids of every node inside FSDP1 calls and their kwargs dicts
+        self._kept_parameters: list[tuple[cst.Name, int, cst.CSTNode]] = []  # (module name, position, statement)
 
     # ----- fed by the read-only pass ------------------------------------------------------
 
@@ -49,6 +55,40 @@ class Analysis:
             self.current_devices.add(self.ctx.code(node.args[0].value))
         if self.ctx.matches(node.func, "torch.distributed.init_process_group"):
             self._inits.append(len(self.order) - 1)
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _PARAMETER_READS and isinstance(func.value, cst.Name):
+            statement = self._keeping_statement()
+            if statement is not None:
+                self._kept_parameters.append((func.value, len(self.order) - 1, statement))
+
+    def _keeping_statement(self) -> cst.CSTNode | None:
+        """The statement around the call visited, when it keeps what the call returns (`opt = SGD(net.parameters())`,
+        `groups.append({"params": [...]})`) rather than reducing it (`sum(p.numel() for p in ...)`) or looping."""
+        for node in reversed(self.ctx.stack[:-1]):
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in _REDUCERS:
+                return None
+            if isinstance(node, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+                return node
+            if isinstance(node, cst.Expr):
+                call = node.value
+                keeps = isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in _KEEPERS
+                return node if keeps else None
+            if isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+                return None
+        return None
+
+    def parameters_kept_before(self, module, call: cst.Call) -> cst.CSTNode | None:
+        """A statement before the constructor `call`, in the same scope, that keeps `module`'s parameters
+        (`opt = SGD(net.parameters())`): FSDP1 with use_orig_params=True kept those Parameter objects, fully_shard
+        replaces them, so what it kept would no longer train the model."""
+        if not isinstance(module, cst.Name):
+            return None
+        at = self.definitions.calls.get(id(call))
+        scope = self.ctx.scope(module)
+        for name, position, statement in self._kept_parameters:
+            if name.value == module.value and at is not None and position < at and self.ctx.scope(name) is scope:
+                return statement
+        return None
 
     def read_once(self, value: cst.BaseExpression, plan, *candidates: str) -> cst.BaseExpression:
         """`value` where the converted call's statements read it more than once: itself when reading it again gives

@@ -42,7 +42,23 @@ class IgnoredModulesRule(KeywordRule):
         `()`: FSDP1 took None for nothing ignored, the converted code iterates it."""
         if isinstance(value, cst.IfExp):
             return value.with_changes(body=self._none_as_empty(value.body), orelse=self._none_as_empty(value.orelse))
-        return cst.Tuple([]) if self.analysis.is_none(value) else value
+        if self.analysis.is_none(value):
+            return cst.Tuple([])
+        if self._may_be_none(value):  # `cfg.ignored_modules`, a plugin's setting whose default is None
+            return cst.BooleanOperation(
+                left=value, operator=cst.Or(), right=cst.Tuple([]), lpar=[cst.LeftParen()], rpar=[cst.RightParen()]
+            )
+        return value
+
+    def _may_be_none(self, value, follow: bool = True) -> bool:
+        if isinstance(value, (cst.List, cst.Tuple, cst.Set, cst.ListComp, cst.SetComp, cst.GeneratorExp)):
+            return False
+        if self._parameters(value) or isinstance(value, cst.Call) and self.ctx.matches(value.func, *_COLLECTIONS):
+            return False
+        if isinstance(value, cst.Name) and follow:
+            definitions = self.analysis.definitions.all_of(value)
+            return not definitions or any(self._may_be_none(d.value, follow=False) for d in definitions)
+        return True
 
     def finish(self, plan) -> None:
         ignored = plan.ignored
@@ -85,7 +101,12 @@ class IgnoredModulesRule(KeywordRule):
         )
 
 
+_COLLECTIONS = ("builtins.list", "builtins.tuple", "builtins.set")
+
+
 def _displays_or_names(node) -> bool:
+    if isinstance(node, cst.BooleanOperation) and isinstance(node.right, cst.Tuple) and not node.right.elements:
+        node = node.left  # `(x or ())`
     if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
         return all(is_reevaluable(element.value) for element in node.elements)
     return is_reevaluable(node)

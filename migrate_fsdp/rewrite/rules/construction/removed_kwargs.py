@@ -38,9 +38,21 @@ class RemovedKwargs(KeywordRule):
         elif argument.name == "backward_prefetch":
             self._backward_prefetch(argument, plan)
         else:  # dropped: a variable only this call read goes with it (`use_orig_params = True` / `else: ... False`)
-            _, definition = self.analysis.follow(argument.value, plan)
+            value, definition = self.analysis.follow(argument.value, plan)
+            if argument.name == "use_orig_params" and self.analysis.literal_bool(value) is not False:
+                self._parameters_kept(plan)
             if definition is None:
                 plan.definitions.extend(self.analysis.assigned_on_branches(argument.value, plan) or ())
+
+    def _parameters_kept(self, plan) -> None:
+        kept = self.analysis.parameters_kept_before(plan.module, plan.site.node)
+        if kept is not None:
+            code = " ".join(self.ctx.code(kept).split())
+            raise Unconvertible(
+                f"`{code if len(code) <= 60 else code[:57] + '...'}` keeps the parameters from before wrapping, which "
+                "FSDP1 kept with use_orig_params but fully_shard replaces (an optimizer would train nothing): "
+                "build it after wrapping, from the wrapped model"
+            )
 
     def _backward_prefetch(self, argument, plan) -> None:
         value, _ = self.analysis.follow(argument.value, plan)

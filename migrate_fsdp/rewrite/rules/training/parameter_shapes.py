@@ -14,12 +14,14 @@ for); the read is reported so that the change is seen where it happens.
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.training.base import TrainingRule
+from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule
 from migrate_fsdp.rewrite.rules.training.summon_full_params import SUMMON_FULL_PARAMS
+from migrate_fsdp.rewrite.syntax import walk
 
 _SHAPE_ATTRIBUTES = ("ndim", "shape")
 _SHAPE_METHODS = ("dim", "size")
 _PARAMETER_READS = ("parameters", "named_parameters")
+_DICT_VIEWS = ("items", "values")
 _LOOPS = (cst.CompFor, cst.For)
 
 
@@ -28,6 +30,8 @@ class ParameterShapes(TrainingRule):
     name = "parameter-shapes"
     summary = "p.ndim / p.dim() / p.shape of an FSDP model's parameters after wrapping: FSDP1's were flat, reported"
     reports_model_uses = False  # a heads-up on code that converts with its model: it holds nothing back
+    # Optimizer helpers live in modules that may name no FSDP (nanoGPT's configure_optimizers).
+    tokens = (*FSDP2_TOKENS, *((b"parameters(", read) for read in (b".ndim", b".dim()", b".shape", b".size()")))
 
     def leave_Attribute(self, original: cst.Attribute, updated):
         stack = self.ctx.stack
@@ -41,10 +45,17 @@ class ParameterShapes(TrainingRule):
         if not isinstance(read.value, cst.Name) or self._in_full_parameters():
             return
         model = self._model_iterated(read.value.value)
-        if model is None or not self.models.is_fsdp_model(model):
+        if model is None:
             return
-        if self.ctx.program.use(model, self.code, tuple(self.ctx.stack)) is not None:
-            return  # the model stays FSDP1 (or is FSDP2's already): the read answers as before
+        if self.models.is_fsdp_model(model):
+            if self.ctx.program.use(model, self.code, tuple(self.ctx.stack)) is not None:
+                return  # the model stays FSDP1 (or is FSDP2's already): the read answers as before
+        elif not (self._handed_in(model) and self._collects() and self.ctx.program.may_build_fsdp1()):
+            return
+        elif not (self._own_method(model) or self.ctx.program.dispatch(read)):
+            return  # a module of unknown origin is reported where an FSDP1 model that converts may reach it (a
+            # helper's `model` argument), or in a module's own method, which FSDP1 forwarded to from the wrapper
+            # (`model.configure_optimizers()`) wherever the class is defined
         self.ctx.report(
             read,
             self.code,
@@ -60,16 +71,69 @@ class ParameterShapes(TrainingRule):
             for node in self.ctx.stack
         )
 
+    def _collects(self) -> bool:
+        """The read picks parameters into a collection (a comprehension, or a loop appending them), as optimizer
+        groups do; an initialisation loop (`if p.dim() > 1: nn.init.xavier_uniform_(p)`, run before wrapping) does
+        not."""
+        for node in reversed(self.ctx.stack):
+            if isinstance(node, (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
+                return True
+            if isinstance(node, cst.For):
+                return any(
+                    isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "append"
+                    for call, _ in walk(node.body)
+                )
+        return False
+
+    def _own_method(self, model) -> bool:
+        """`model` is the first parameter of a method (`self`)."""
+        function = next((n for n in reversed(self.ctx.stack) if isinstance(n, cst.FunctionDef)), None)
+        index = self.ctx.stack.index(function) if function is not None else 0
+        in_class = index > 1 and any(isinstance(n, cst.ClassDef) for n in self.ctx.stack[index - 2 : index])
+        params = function.params.params if function is not None else ()
+        return in_class and bool(params) and isinstance(model, cst.Name) and params[0].name.value == model.value
+
+    def _handed_in(self, model) -> bool:
+        """`model` is an argument of the function around (`self` included): a module this code is handed."""
+        scope = self.ctx.scope(model) if isinstance(model, cst.Name) else None
+        if scope is None:
+            return False
+        bindings = scope[model.value]
+        return bool(bindings) and all(isinstance(getattr(b, "node", None), cst.Param) for b in bindings)
+
     def _model_iterated(self, name: str) -> cst.BaseExpression | None:
-        """The model whose `parameters()` / `named_parameters()` the innermost loop binding `name` walks."""
+        """The model whose `parameters()` / `named_parameters()` the innermost loop binding `name` walks, directly
+        or through a dict of them (nanoGPT's `param_dict = {n: p for n, p in self.named_parameters()}` then
+        `param_dict.items()`)."""
         for node in reversed(self.ctx.stack):
             if not isinstance(node, _LOOPS) or not _binds(node.target, name):
                 continue
-            call = node.iter
-            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in _PARAMETER_READS:
-                return call.func.value
-            return None
+            return self._parameters_of(node.iter)
         return None
+
+    def _parameters_of(self, iterated, through_dict: bool = True) -> cst.BaseExpression | None:
+        call = iterated
+        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)):
+            return None
+        if call.func.attr.value in _PARAMETER_READS:
+            return call.func.value
+        if call.func.attr.value in _DICT_VIEWS and through_dict and isinstance(call.func.value, cst.Name):
+            table = self._assigned_once(call.func.value)
+            if isinstance(table, cst.DictComp):
+                return self._parameters_of(table.for_in.iter, through_dict=False)
+            if isinstance(table, cst.Call) and self.ctx.matches(table.func, "builtins.dict") and len(table.args) == 1:
+                return self._parameters_of(table.args[0].value, through_dict=False)
+        return None
+
+    def _assigned_once(self, name: cst.Name) -> cst.BaseExpression | None:
+        """The value of the one `name = value` of the function around `name`."""
+        function = next((n for n in reversed(self.ctx.stack) if isinstance(n, (cst.FunctionDef, cst.Module))), None)
+        values = [
+            node.value
+            for node, _ in walk(function.body if isinstance(function, cst.FunctionDef) else function)
+            if isinstance(node, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name.value for t in node.targets)
+        ]
+        return values[0] if len(values) == 1 else None
 
 
 def _binds(target: cst.BaseExpression, name: str) -> bool:
