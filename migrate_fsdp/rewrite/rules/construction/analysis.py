@@ -11,7 +11,7 @@ from libcst.metadata import Assignment
 from migrate_fsdp.rewrite.rules.construction.arguments import Definition, Definitions
 from migrate_fsdp.rewrite.rules.construction.codegen import Names, assign, is_reevaluable
 from migrate_fsdp.rewrite.rules.construction.devices import SET_DEVICE, TORCH_DEVICE
-from migrate_fsdp.rewrite.syntax import chain_root, subtree_ids
+from migrate_fsdp.rewrite.syntax import chain_root, dotted, subtree_ids, walk
 
 
 _PARAMETER_READS = ("parameters", "named_parameters")
@@ -85,8 +85,14 @@ class Analysis:
             return None
         at = self.definitions.calls.get(id(call))
         scope = self.ctx.scope(module)
+        # what the constructor itself is given (`ignored_states=frozen_params`) is not replaced: it stays unsharded
+        given = {node.value for node, _ in walk(*call.args) if isinstance(node, cst.Name)}
         for name, position, statement in self._kept_parameters:
-            if name.value == module.value and at is not None and position < at and self.ctx.scope(name) is scope:
+            if name.value != module.value or at is None or position >= at or self.ctx.scope(name) is not scope:
+                continue
+            targets = statement.targets if isinstance(statement, cst.Assign) else [statement]
+            bound = {dotted(getattr(t, "target", None)) for t in targets}
+            if not bound & given:
                 return statement
         return None
 
