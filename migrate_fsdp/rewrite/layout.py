@@ -104,21 +104,25 @@ class _Wrapper(cst.CSTTransformer):
         return isinstance(table, (cst.Dict, cst.List)) and bool(table.elements)
 
     def _long_arguments_split(self, line, indent: int):
-        """A call laid out an argument a line (the FSDP1 call's layout, kept) whose argument the rewrite made too
-        long (`mp_policy=A if bf16 else B`): that argument split in turn."""
+        """A call or a dict / list laid out an item a line (the user's layout, kept) whose item the rewrite made
+        too long (`mp_policy=A if bf16 else B`, `"model": fsdp2_full_state_dict(get_model_state_dict(...), ...)`):
+        that item split in turn."""
         statement = line.body[0]
-        call = getattr(statement, "value", None)
-        opening = call.whitespace_before_args if isinstance(call, cst.Call) else None
+        container = getattr(statement, "value", None)
+        opening = _opening(container)
         if not isinstance(opening, cst.ParenthesizedWhitespace):
             return line
         level = len(opening.last_line.value)
-        args = []
-        for arg in call.args:
-            text = self._code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip()
+        items = []
+        for item in _items(container):
+            text = self._code(item.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip()
             mine = text in self.kept or f"{text}," in self.kept  # the user's own line, however long
             long = "\n" not in text and indent + level + len(text) + 1 > self.limit and not mine
-            args.append(arg.with_changes(value=self._split(arg.value, indent, level)) if long and _splittable(arg.value) else arg)
-        return line.with_changes(body=[statement.with_changes(value=call.with_changes(args=args))])
+            if long and _splittable(item.value):
+                item = item.with_changes(value=self._split(item.value, indent, level))
+            items.append(item)
+        field = "args" if isinstance(container, cst.Call) else "elements"
+        return line.with_changes(body=[statement.with_changes(value=container.with_changes(**{field: items}))])
 
     def leave_For(self, original, updated):
         """A `for` header the rewrite made too long (`for module in _fsdp1_wrap_targets(...):`): its iterable split."""
@@ -272,6 +276,17 @@ def _splittable(node) -> bool:
     if isinstance(node, cst.Tuple):
         return bool(node.lpar) and bool(node.elements)  # a bare tuple's items are not bracketed
     return isinstance(node, (cst.Dict, cst.List)) and bool(node.elements)
+
+
+def _opening(node):
+    """The whitespace after the opening bracket of a call or a dict / list display, None for anything else."""
+    if isinstance(node, cst.Call):
+        return node.whitespace_before_args
+    if isinstance(node, cst.Dict):
+        return node.lbrace.whitespace_after
+    if isinstance(node, cst.List):
+        return node.lbracket.whitespace_after
+    return None
 
 
 def _items(node) -> list:

@@ -251,3 +251,34 @@ def test_a_long_tuple_goes_an_item_a_line():
             )
         """
     )
+
+
+def test_a_dict_laid_out_an_item_a_line_splits_the_item_the_rewrite_made_too_long():
+    """Held-out round 19: a checkpoint dict's values became 116-character lines in a file keeping to 108."""
+    original = """\
+        def save(model, opt):
+            state = {
+                "model": model.state_dict(),
+                "optim": FSDP.optim_state_dict(model, opt),
+            }
+        """
+    rewritten = """\
+        def save(model, opt):
+            state = {
+                "model": fsdp2_full_state_dict(get_model_state_dict(model), offload_to_cpu=False, rank0_only=True),
+                "optim": fsdp2_full_state_dict(get_optimizer_state_dict(model, opt), offload_to_cpu=False, rank0_only=True),
+            }
+        """
+    assert wrapped(original, rewritten) == textwrap.dedent(
+        """\
+        def save(model, opt):
+            state = {
+                "model": fsdp2_full_state_dict(
+                    get_model_state_dict(model), offload_to_cpu=False, rank0_only=True
+                ),
+                "optim": fsdp2_full_state_dict(
+                    get_optimizer_state_dict(model, opt), offload_to_cpu=False, rank0_only=True
+                ),
+            }
+        """
+    )
