@@ -5,6 +5,8 @@ whole file in view (a module-level `policy = ...` may be written below the
 function that uses it).
 """
 
+import re
+
 import libcst as cst
 from libcst.metadata import Assignment
 
@@ -17,6 +19,9 @@ from migrate_fsdp.rewrite.syntax import chain_root, dotted, subtree_ids, walk
 _PARAMETER_READS = ("parameters", "named_parameters")
 _REDUCERS = ("sum", "len", "print", "any", "all", "max", "min", "int", "float", "str", "repr", "format")
 _KEEPERS = ("append", "extend", "add_param_group", "update", "insert")
+# A function handed the module whose name says it builds an optimizer or parameter groups from it
+# (`build_optimizer(net)`, `get_param_groups(model)`, `torch.optim.AdamW(...)`).
+_BUILDS_OPTIMIZERS = re.compile(r"optim|group|adam|sgd", re.IGNORECASE)
 
 
 class Analysis:
@@ -60,6 +65,11 @@ class Analysis:
             statement = self._keeping_statement()
             if statement is not None:
                 self._kept_parameters.append((func.value, len(self.order) - 1, statement))
+        handed = [arg.value for arg in node.args if isinstance(arg.value, cst.Name) and not arg.star]
+        if handed and _BUILDS_OPTIMIZERS.search(dotted(func).rsplit(".", 1)[-1]):  # `build_optimizer(net)`
+            statement = self._keeping_statement()
+            if statement is not None:
+                self._kept_parameters.extend((name, len(self.order) - 1, statement) for name in handed)
 
     def _keeping_statement(self) -> cst.CSTNode | None:
         """The statement around the call visited, when it keeps what the call returns (`opt = SGD(net.parameters())`,
