@@ -89,10 +89,18 @@ class MetaInitRule(KeywordRule):
                 arg,
             )
         mesh_checked_at_run_time = isinstance(plan.device_mesh, (cst.Name, cst.Attribute))
-        if plan.ignored is not None or (plan.device_mesh is not None and init is not None and not mesh_checked_at_run_time):
+        sync = f"sync_module_states={self.ctx.code(arg.value)}"
+        if plan.ignored is not None:
+            ignored = next(plan.arguments[name] for name in ("ignored_modules", "ignored_states") if name in plan.arguments)
             raise Unconvertible(
-                "sync_module_states with ignored modules, or a device mesh and a param_init_fn: broadcast rank 0's "
-                f"weights over that group yourself; {_FLOW}",
+                f"{sync} with {ignored.name}={self.ctx.code(ignored.value)} (FSDP1 broadcast all but the ignored "
+                f"modules): broadcast rank 0's weights of the others yourself; {_FLOW}",
+                arg,
+            )
+        if plan.device_mesh is not None and init is not None and not mesh_checked_at_run_time:
+            raise Unconvertible(
+                f"{sync} with device_mesh={self.ctx.code(plan.device_mesh)} and a param_init_fn: broadcast rank 0's "
+                f"weights over that mesh yourself; {_FLOW}",
                 arg,
             )
 
