@@ -44,6 +44,7 @@ class DualVersionRegions:
         """What makes `node` such a region, when it is one."""
         if self._regions is None:
             self._regions = self._find()
+            self._named = {}  # only the search reads it: a program's files keep their contexts alive
         return self._regions.get(id(node))
 
     def holds(self, stack) -> bool:

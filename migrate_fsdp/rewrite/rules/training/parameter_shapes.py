@@ -30,8 +30,12 @@ class ParameterShapes(TrainingRule):
     name = "parameter-shapes"
     summary = "p.ndim / p.dim() / p.shape of an FSDP model's parameters after wrapping: FSDP1's were flat, reported"
     reports_model_uses = False  # a heads-up on code that converts with its model: it holds nothing back
-    # Optimizer helpers live in modules that may name no FSDP (nanoGPT's configure_optimizers).
-    tokens = (*FSDP2_TOKENS, *((b"parameters(", read) for read in (b".ndim", b".dim()", b".shape", b".size()")))
+    # Optimizer helpers live in modules that may name no FSDP (nanoGPT's configure_optimizers); they speak of
+    # weight decay, which keeps the byte prefilter from parsing every module that reads a parameter's shape.
+    tokens = (
+        *FSDP2_TOKENS,
+        *((b"parameters(", read, b"weight_decay") for read in (b".ndim", b".dim()", b".shape", b".size()")),
+    )
 
     def leave_Attribute(self, original: cst.Attribute, updated):
         stack = self.ctx.stack
