@@ -18,6 +18,8 @@ import re
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.models import SUMMON_FULL_PARAMS
+
 HELPER_NAME = "fsdp2_reshard"
 _FACTS = "fsdp2_reshard"
 
@@ -34,7 +36,7 @@ def reshard_before(ctx, model: cst.BaseExpression) -> None:
     if (id(statement), wanted) in asked:
         return
     asked.add((id(statement), wanted))
-    if _sharded_before(ctx, statement, wanted, asked):
+    if _sharded_before(ctx, statement, wanted, asked) or _in_summon_of(ctx, wanted):
         return
     helper = ctx.add_helper(HELPER_NAME)
     call = cst.Call(func=cst.Name(helper), args=[cst.Arg(model.deep_clone())])
@@ -48,6 +50,18 @@ def reshards(ctx, statement) -> str | None:
     if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value.startswith(HELPER_NAME)):
         return None
     return ctx.code(call.args[0].value) if len(call.args) == 1 else None
+
+
+def _in_summon_of(ctx, wanted: str) -> bool:
+    """Inside `with FSDP.summon_full_params(model):`, whose body the summon rule (MF204) starts by resharding."""
+    for node in ctx.stack:
+        if isinstance(node, cst.With):
+            for item in node.items:
+                call = item.item
+                if isinstance(call, cst.Call) and ctx.matches(call.func, SUMMON_FULL_PARAMS) and call.args:
+                    if ctx.code(call.args[0].value) == wanted:
+                        return True
+    return False
 
 
 def _sharded_before(ctx, statement, wanted: str, asked: set) -> bool:

@@ -42,6 +42,7 @@ DDP_CLASSES = (
 )
 _PARTIAL = ("functools.partial",)
 MANUAL_WRAP = "torch.distributed.fsdp.wrap.wrap"  # an FSDP1 constructor under an enable_wrap(wrapper_cls=FSDP) context
+SUMMON_FULL_PARAMS = f"{FSDP_CLASS}.summon_full_params"
 # nn.Module methods that return the module itself.
 _RETURNS_SELF = frozenset(
     {"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train", "eval", "requires_grad_", "to_empty"}

@@ -15,7 +15,7 @@ for); the read is reported so that the change is seen where it happens.
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule
-from migrate_fsdp.rewrite.rules.training.summon_full_params import SUMMON_FULL_PARAMS
+from migrate_fsdp.rewrite.analysis.models import SUMMON_FULL_PARAMS
 from migrate_fsdp.rewrite.syntax import walk
 
 _SHAPE_ATTRIBUTES = ("ndim", "shape")

@@ -29,7 +29,7 @@ other uses of the model inside) is reported with the DTensor way to do it.
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
+from migrate_fsdp.rewrite.analysis.models import SUMMON_FULL_PARAMS
 from migrate_fsdp.rewrite.reshard import HELPER_NAME as RESHARD_HELPER
 from migrate_fsdp.rewrite.reshard import reshards
 from migrate_fsdp.rewrite.rules.construction.codegen import statements
@@ -42,7 +42,6 @@ from migrate_fsdp.rewrite.rules.training.base import (
 )
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
-SUMMON_FULL_PARAMS = f"{FSDP_CLASS}.summon_full_params"
 _PARAMS = ("module", "recurse", "writeback", "rank0_only", "offload_to_cpu", "with_grads")
 _DEFAULTS = {"recurse": True, "writeback": True, "rank0_only": False, "offload_to_cpu": False, "with_grads": False}
 # What may be done with a gathered parameter without changing it.
