@@ -18,7 +18,7 @@ import re
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.analysis.models import SUMMON_FULL_PARAMS
+from migrate_fsdp.rewrite.analysis.guards import in_summon
 
 HELPER_NAME = "fsdp2_reshard"
 _FACTS = "fsdp2_reshard"
@@ -36,7 +36,8 @@ def reshard_before(ctx, model: cst.BaseExpression) -> None:
     if (id(statement), wanted) in asked:
         return
     asked.add((id(statement), wanted))
-    if _sharded_before(ctx, statement, wanted, asked) or _in_summon_of(ctx, wanted):
+    # inside a summon block of the model, the summon rule (MF204) reshards at the top of the block
+    if _sharded_before(ctx, statement, wanted, asked) or in_summon(ctx, ctx.stack, wanted):
         return
     helper = ctx.add_helper(HELPER_NAME)
     call = cst.Call(func=cst.Name(helper), args=[cst.Arg(model.deep_clone())])
@@ -52,26 +53,15 @@ def reshards(ctx, statement) -> str | None:
     return ctx.code(call.args[0].value) if len(call.args) == 1 else None
 
 
-def _in_summon_of(ctx, wanted: str) -> bool:
-    """Inside `with FSDP.summon_full_params(model):`, whose body the summon rule (MF204) starts by resharding."""
-    for node in ctx.stack:
-        if isinstance(node, cst.With):
-            for item in node.items:
-                call = item.item
-                if isinstance(call, cst.Call) and ctx.matches(call.func, SUMMON_FULL_PARAMS) and call.args:
-                    if ctx.code(call.args[0].value) == wanted:
-                        return True
-    return False
-
-
 def _sharded_before(ctx, statement, wanted: str, asked: set) -> bool:
     block = next((n for n in reversed(ctx.stack) if isinstance(n, (cst.IndentedBlock, cst.Module))), None)
     body = list(block.body) if block is not None else []
     index = next((i for i, s in enumerate(body) if s is statement), None)
     mention = re.compile(rf"(?<![\w.]){re.escape(wanted)}(?!\w)")
     for previous in reversed(body[:index] if index is not None else []):
-        if reshards(ctx, previous) == wanted or (id(previous), wanted) in asked:
+        resharded = reshards(ctx, previous)
+        if resharded == wanted or (id(previous), wanted) in asked:
             return True
-        if reshards(ctx, previous) is None and mention.search(ctx.code(previous)):
+        if resharded is None and mention.search(ctx.code(previous)):
             return False  # a forward, or a function it is handed to, may leave it unsharded
     return False

@@ -21,6 +21,7 @@ prove nothing.
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.models import SUMMON_FULL_PARAMS
 from migrate_fsdp.rewrite.syntax import dotted
 
 
@@ -82,18 +83,7 @@ def _says_fsdp(word: str) -> bool:
 def checked_instance(ctx, stack, receiver: str, cls: str) -> bool:
     """Whether the innermost node of `stack` runs only when `isinstance(receiver, cls)` is true (`receiver`: the
     code of a name or attribute chain, `cls`: a qualified class name)."""
-    for index, node in enumerate(stack[:-1]):
-        if isinstance(node, (cst.If, cst.IfExp)) and stack[index + 1] is node.body:
-            test = node.test
-            if (
-                isinstance(test, cst.Call)
-                and ctx.matches(test.func, "builtins.isinstance")
-                and len(test.args) == 2
-                and dotted(test.args[0].value) == receiver
-                and ctx.matches(test.args[1].value, cls)
-            ):
-                return True
-    return False
+    return _under_test(ctx, stack, "builtins.isinstance", receiver, lambda second: ctx.matches(second, cls))
 
 
 def unwraps_if_wrapped(ctx, stack, receiver: str) -> bool:
@@ -101,16 +91,41 @@ def unwraps_if_wrapped(ctx, stack, receiver: str) -> bool:
     `hasattr(receiver, "module")`: the unwrap idiom (`if hasattr(model, "module"): model = model.module`,
     transformers' `unwrap_model`), which serves FSDP1's wrapper and DDP's, and leaves an FSDP2 model, which is
     the module itself, as it is."""
+    return _under_test(
+        ctx,
+        stack,
+        "builtins.hasattr",
+        receiver,
+        lambda second: isinstance(second, cst.SimpleString) and second.evaluated_value == "module",
+    )
+
+
+def _under_test(ctx, stack, function: str, receiver: str, second_matches) -> bool:
+    """The innermost node of `stack` is in the body of an `if` testing `function(receiver, second)`."""
     for index, node in enumerate(stack[:-1]):
         if isinstance(node, (cst.If, cst.IfExp)) and stack[index + 1] is node.body:
             test = node.test
             if (
                 isinstance(test, cst.Call)
-                and ctx.matches(test.func, "builtins.hasattr")
+                and ctx.matches(test.func, function)
                 and len(test.args) == 2
                 and dotted(test.args[0].value) == receiver
-                and isinstance(test.args[1].value, cst.SimpleString)
-                and test.args[1].value.evaluated_value == "module"
+                and second_matches(test.args[1].value)
             ):
                 return True
     return False
+
+
+def in_summon(ctx, stack, receiver: str | None = None) -> bool:
+    """Whether the innermost node of `stack` is inside `with FSDP.summon_full_params(...)` (of `receiver`, the code
+    of the model, when given)."""
+    return any(
+        isinstance(node, cst.With)
+        and any(
+            isinstance(item.item, cst.Call)
+            and ctx.matches(item.item.func, SUMMON_FULL_PARAMS)
+            and (receiver is None or bool(item.item.args) and ctx.code(item.item.args[0].value) == receiver)
+            for item in node.items
+        )
+        for node in stack
+    )

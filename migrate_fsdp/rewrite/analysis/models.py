@@ -43,6 +43,7 @@ DDP_CLASSES = (
 _PARTIAL = ("functools.partial",)
 MANUAL_WRAP = "torch.distributed.fsdp.wrap.wrap"  # an FSDP1 constructor under an enable_wrap(wrapper_cls=FSDP) context
 SUMMON_FULL_PARAMS = f"{FSDP_CLASS}.summon_full_params"
+PARAMETER_READS = ("parameters", "named_parameters")  # nn.Module methods handing out its parameters
 # nn.Module methods that return the module itself.
 _RETURNS_SELF = frozenset(
     {"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train", "eval", "requires_grad_", "to_empty"}
@@ -93,6 +94,16 @@ class Kind(Enum):
     DDP = "a DDP model"
     PLAIN = "not a wrapped model"
     UNKNOWN = "unknown"
+
+
+def method_owner(node: cst.FunctionDef, path) -> cst.ClassDef | None:
+    """The class `node` is an instance method of (not a static or class method), if any; `path`: the nodes from the
+    module down to `node`."""
+    if len(path) < 3 or not isinstance(path[-3], cst.ClassDef):
+        return None
+    if any(dotted(d.decorator) in ("staticmethod", "classmethod") for d in node.decorators):
+        return None
+    return path[-3]
 
 
 def combine(kinds) -> Kind:
@@ -306,22 +317,13 @@ class FsdpModels:
             kind = self.annotation_kind(annotation) if annotation else None
             source = self._class_source(annotation) if annotation else None
             self._names[id(param)] = _Definition(seq, (*path, node.body), kind=kind, source=source)
-        owner = self._method_owner(node, path)
+        owner = method_owner(node, path)
         if owner is not None and positional:
             # `self`: an instance of the class the method is defined in.
             self._names[id(positional[0])] = _Definition(seq, (*path, node.body), kind=self._class_definition_kind(owner))
         for param in (params.star_arg, params.star_kwarg):
             if isinstance(param, cst.Param):
                 self._names[id(param)] = _Definition(seq, (*path, node.body), kind=Kind.UNKNOWN)
-
-    @staticmethod
-    def _method_owner(node: cst.FunctionDef, path) -> cst.ClassDef | None:
-        """The class `node` is an instance method of (not a static or class method), if any."""
-        if len(path) < 3 or not isinstance(path[-3], cst.ClassDef):
-            return None
-        if any(dotted(d.decorator) in ("staticmethod", "classmethod") for d in node.decorators):
-            return None
-        return path[-3]
 
     def _class_definition_kind(self, node: cst.ClassDef) -> Kind:
         kind = self._bases_kind(node)
@@ -868,7 +870,7 @@ class FsdpModels:
         keys = [(self._chain_owner(node, path), dotted(node), None)]
         if isinstance(node, cst.Name):
             function = next((n for n in reversed(path) if isinstance(n, cst.FunctionDef)), None)
-            owner = self._method_owner(function, path[: path.index(function) + 1]) if function is not None else None
+            owner = method_owner(function, path[: path.index(function) + 1]) if function is not None else None
             positional = [*function.params.posonly_params, *function.params.params] if owner is not None else []
             if positional and positional[0].name.value == node.value:
                 keys = [(id(owner), "self", owner)]

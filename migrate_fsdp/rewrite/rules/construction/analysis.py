@@ -10,13 +10,13 @@ import re
 import libcst as cst
 from libcst.metadata import Assignment
 
+from migrate_fsdp.rewrite.analysis.models import PARAMETER_READS
 from migrate_fsdp.rewrite.rules.construction.arguments import Definition, Definitions
 from migrate_fsdp.rewrite.rules.construction.codegen import Names, assign, is_reevaluable
 from migrate_fsdp.rewrite.rules.construction.devices import SET_DEVICE, TORCH_DEVICE
 from migrate_fsdp.rewrite.syntax import chain_root, dotted, subtree_ids, walk
 
 
-_PARAMETER_READS = ("parameters", "named_parameters")
 _REDUCERS = ("sum", "len", "print", "any", "all", "max", "min", "int", "float", "str", "repr", "format")
 _KEEPERS = ("append", "extend", "add_param_group", "update", "insert")
 # A function handed the module whose name says it builds an optimizer or parameter groups from it
@@ -61,7 +61,7 @@ class Analysis:
         if self.ctx.matches(node.func, "torch.distributed.init_process_group"):
             self._inits.append(len(self.order) - 1)
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value in _PARAMETER_READS and isinstance(func.value, cst.Name):
+        if isinstance(func, cst.Attribute) and func.attr.value in PARAMETER_READS and isinstance(func.value, cst.Name):
             statement = self._keeping_statement()
             if statement is not None:
                 self._kept_parameters.append((func.value, len(self.order) - 1, statement))

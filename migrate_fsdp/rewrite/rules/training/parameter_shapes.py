@@ -14,13 +14,13 @@ for); the read is reported so that the change is seen where it happens.
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.guards import in_summon
+from migrate_fsdp.rewrite.analysis.models import PARAMETER_READS, method_owner
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule
-from migrate_fsdp.rewrite.analysis.models import SUMMON_FULL_PARAMS
 from migrate_fsdp.rewrite.syntax import walk
 
 _SHAPE_ATTRIBUTES = ("ndim", "shape")
 _SHAPE_METHODS = ("dim", "size")
-_PARAMETER_READS = ("parameters", "named_parameters")
 _DICT_VIEWS = ("items", "values")
 _LOOPS = (cst.CompFor, cst.For)
 
@@ -46,7 +46,7 @@ class ParameterShapes(TrainingRule):
         return updated
 
     def _check(self, read: cst.Attribute, shown: str) -> None:
-        if not isinstance(read.value, cst.Name) or self._in_full_parameters():
+        if not isinstance(read.value, cst.Name) or in_summon(self.ctx, self.ctx.stack):  # full parameters there
             return
         model = self._model_iterated(read.value.value)
         if model is None:
@@ -67,14 +67,6 @@ class ParameterShapes(TrainingRule):
             "here, FSDP2's keep their shapes, so what this picks changes (weight-decay groups now get the weights)",
         )
 
-    def _in_full_parameters(self) -> bool:
-        """Under `with FSDP.summon_full_params(...)`, where FSDP1's parameters had their shapes too."""
-        return any(
-            isinstance(node, cst.With)
-            and any(isinstance(item.item, cst.Call) and self.ctx.matches(item.item.func, SUMMON_FULL_PARAMS) for item in node.items)
-            for node in self.ctx.stack
-        )
-
     def _collects(self) -> bool:
         """The read picks parameters into a collection (a comprehension, or a loop appending them), as optimizer
         groups do; an initialisation loop (`if p.dim() > 1: nn.init.xavier_uniform_(p)`, run before wrapping) does
@@ -90,12 +82,13 @@ class ParameterShapes(TrainingRule):
         return False
 
     def _own_method(self, model) -> bool:
-        """`model` is the first parameter of a method (`self`)."""
-        function = next((n for n in reversed(self.ctx.stack) if isinstance(n, cst.FunctionDef)), None)
-        index = self.ctx.stack.index(function) if function is not None else 0
-        in_class = index > 1 and any(isinstance(n, cst.ClassDef) for n in self.ctx.stack[index - 2 : index])
-        params = function.params.params if function is not None else ()
-        return in_class and bool(params) and isinstance(model, cst.Name) and params[0].name.value == model.value
+        """`model` is the `self` of an instance method."""
+        stack = self.ctx.stack
+        function = next((n for n in reversed(stack) if isinstance(n, cst.FunctionDef)), None)
+        if function is None or method_owner(function, stack[: stack.index(function) + 1]) is None:
+            return False
+        params = function.params.params
+        return bool(params) and isinstance(model, cst.Name) and params[0].name.value == model.value
 
     def _handed_in(self, model) -> bool:
         """`model` is an argument of the function around (`self` included): a module this code is handed."""
@@ -119,7 +112,7 @@ class ParameterShapes(TrainingRule):
         call = iterated
         if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)):
             return None
-        if call.func.attr.value in _PARAMETER_READS:
+        if call.func.attr.value in PARAMETER_READS:
             return call.func.value
         if call.func.attr.value in _DICT_VIEWS and through_dict and isinstance(call.func.value, cst.Name):
             table = self._assigned_once(call.func.value)

@@ -23,12 +23,12 @@ FSDP1 gets no FSDP2 code at all.
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.models import PARAMETER_READS
 from migrate_fsdp.rewrite.reshard import reshard_before
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule
 from migrate_fsdp.rewrite.syntax import walk
 
 _NO_GRAD = ("torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode")
-_READS = ("parameters", "named_parameters")
 _GRAD_OFF = (b"no_grad", b"inference_mode")
 
 
@@ -45,7 +45,7 @@ class ParametersAfterForward(TrainingRule):
 
     def leave_Call(self, original: cst.Call, updated):
         func = original.func
-        if not (isinstance(func, cst.Attribute) and func.attr.value in _READS and not self.fsdp_method(func)):
+        if not (isinstance(func, cst.Attribute) and func.attr.value in PARAMETER_READS and not self.fsdp_method(func)):
             return updated
         model = func.value
         stack = tuple(self.ctx.stack)
