@@ -19,7 +19,7 @@ from migrate_fsdp.rewrite.rule import FSDP2_MODELS, Rule
 from migrate_fsdp.rewrite.rules.construction.analysis import Analysis
 from migrate_fsdp.rewrite.rules.construction.arguments import Unbindable, bind
 from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import AutoWrapPolicyRule
-from migrate_fsdp.rewrite.rules.construction.codegen import is_reevaluable, statements
+from migrate_fsdp.rewrite.rules.construction.codegen import is_reevaluable, statements, string
 from migrate_fsdp.rewrite.rules.construction.cpu_offload import CpuOffloadRule
 from migrate_fsdp.rewrite.rules.construction.emit import Emitter, needs_after, needs_module_again
 from migrate_fsdp.rewrite.rules.construction.forward_prefetch import ForwardPrefetchRule
@@ -29,8 +29,8 @@ from migrate_fsdp.rewrite.rules.construction.mesh import MeshRule
 from migrate_fsdp.rewrite.rules.construction.meta_init import MetaInitRule
 from migrate_fsdp.rewrite.rules.construction.mixed_precision import MixedPrecisionRule, RunTime
 from migrate_fsdp.rewrite.rules.construction.plan import CallSite, Plan, Problem, Unconvertible
-from migrate_fsdp.rewrite.rules.construction.removed_kwargs import RemovedKwargs
-from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID, ShardingStrategyRule
+from migrate_fsdp.rewrite.rules.construction.removed_kwargs import BACKWARD_PREFETCH, RemovedKwargs
+from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID, SHARDING_STRATEGY, ShardingStrategyRule
 from migrate_fsdp.rewrite.syntax import chain_root, dotted, subtree_ids
 
 FSDP_CLASS = "torch.distributed.fsdp.FullyShardedDataParallel"
@@ -69,6 +69,7 @@ class WrapCall(Rule):
         self._sites: list[CallSite] = []
         self._plans: dict[int, Plan] = {}
         self._kwargs_uses: set[int] = set()
+        self._member_names: dict[int, str] = {}  # FSDP1 enum members in a printed kwargs dict -> their names
         self._removed: set[int] = set()  # definition statements that go
         self._dropped: dict[int, cst.CSTNode] = {}  # updated statements to take out of their block (kept alive: ids)
         self._assignments_dropped: set[int] = set()  # statements `m = FSDP(m)` that become `fully_shard(m)`
@@ -183,6 +184,7 @@ class WrapCall(Rule):
                 self._redefined[id(definition.statement)] = (plan, None)
         self._find_removed_definitions()
         self._share_setup_at_kwargs_dicts()
+        self._name_members_of_shown_dicts()
 
     def _plan(self, site: CallSite) -> Plan:
         dicts: list = []
@@ -280,6 +282,25 @@ class WrapCall(Rule):
                         self.ctx.mark_handled(statement)
                     changed = True
 
+    def _name_members_of_shown_dicts(self) -> None:
+        """A kwargs dict the program also prints stays for the print once every call it feeds converted: its
+        FSDP1 members (`ShardingStrategy.HYBRID_SHARD`) become their names, which show as much and are not FSDP1's."""
+        users: dict[int, tuple] = {}
+        for plan in self._plans.values():
+            for argument in plan.arguments.values():
+                if argument.kwargs is not None:
+                    users.setdefault(id(argument.kwargs.statement), (argument.kwargs, {}))[1][id(plan)] = plan
+        for definition, plans in users.values():
+            if any(plan.problems for plan in plans.values()) or not self.analysis.definitions.shown(definition):
+                continue
+            fills = getattr(definition, "fills", ())
+            for statement, value in [(definition.statement, definition.value), *((f.statement, f.value) for f in fills)]:
+                references = self.analysis.fsdp1_references(value)
+                names = [_member_name(self.ctx, reference) for reference in references]
+                if references and None not in names:
+                    self._member_names.update((id(reference), name) for reference, name in zip(references, names))
+                    self.ctx.mark_handled(statement)
+
     def _share_setup_at_kwargs_dicts(self) -> None:
         """Build the mesh once, before the `**kwargs` dict it comes from, for every call that uses the dict.
 
@@ -358,6 +379,10 @@ class WrapCall(Rule):
         if emission.drop_target:
             self._assignments_dropped.add(id(plan.site.statement))
         return emission.replacement
+
+    def leave_Attribute(self, original, updated):
+        name = self._member_names.get(id(original))
+        return updated if name is None else string(name)
 
     def leave_Assign(self, original, updated):
         plan, value = self._redefined.get(id(original.value), (None, None))
@@ -476,3 +501,12 @@ _SETUP_ARGUMENTS = ("sharding_strategy", "process_group", "device_mesh", "device
 
 def _setup_nodes(plan: Plan) -> list:
     return [*plan.before, *(node for node in (plan.mesh, plan.sharding) if node is not None)]
+
+
+def _member_name(ctx, reference) -> str | None:
+    """"HYBRID_SHARD" for a ShardingStrategy or BackwardPrefetch member, however spelt; None otherwise."""
+    for name in ctx.qualified_names(reference):
+        head, _, member = name.rpartition(".")
+        if head in (SHARDING_STRATEGY, BACKWARD_PREFETCH):
+            return member
+    return None
