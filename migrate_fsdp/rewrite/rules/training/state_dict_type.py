@@ -86,7 +86,7 @@ class StateDictType(UsesStateDictPlan):
         planned = self.plan.config_statements.get(id(original))
         if planned is not None:
             reason = f"{planned[1]}; {ADVICE}" if planned[1] else "it serves only state-dict blocks that stay, reported there"
-            self.ctx.report(original.body[0].value, self.code, f"FSDP1 state-dict config kept: {reason}")
+            self.ctx.report(original.body[0].value, self.code, f"FSDP1 state-dict setting kept: {reason}")
         return super().leave_SimpleStatementLine(original, updated)
 
     def leave_Attribute(self, original: cst.Attribute, updated):

@@ -204,9 +204,10 @@ class StateDictPlan:
         context.model = model_key(bound["module"].value)
         module = bound["module"].value
         context.wrapped_here = isinstance(module, cst.Name) and fsdp_models(self.ctx).wrapped_here(module, stack)
-        for name in ("state_dict_config", "optim_state_dict_config"):
-            if name in bound and isinstance(bound[name].value, cst.Name) and bound[name].value.value != "None":
-                context.config_names.append(bound[name].value)
+        for name in ("state_dict_type", "state_dict_config", "optim_state_dict_config"):
+            value = bound[name].value if name in bound else None
+            if isinstance(value, cst.Name) and value.value != "None" and (name != "state_dict_type" or self._type_of(value)):
+                context.config_names.append(value)  # its definition goes with the contexts it serves
         settings, failure = self._settings_of(bound, region if method == "state_dict_type" else None)
         context.settings = settings
         if failure is None and not context.model:
@@ -295,6 +296,9 @@ class StateDictPlan:
         return None
 
     def _type_of(self, node) -> str | None:
+        """The member `node` names: written out, or a name assigned it once (`FULL = StateDictType.FULL_STATE_DICT`)."""
+        if isinstance(node, cst.Name) and node.value != "None":
+            node = self._single_value(node)
         for kind in (FULL, SHARDED, LOCAL):
             if self.ctx.matches(node, f"{_FSDP}.StateDictType.{kind}"):
                 return kind
@@ -507,6 +511,8 @@ class StateDictPlan:
         for statement_id, (statement, contexts) in users.items():
             failures = [c.failure for c in contexts if c.failure]
             only_contexts = self._only_used_by_contexts(statement)
+            if not only_contexts and self._type_of(statement.body[0].value):
+                continue  # a type the program also reads: reported as any setting out of a block is
             if only_contexts and len(failures) == len(contexts):
                 reason = None  # kept with the contexts it serves, which are reported
             else:
