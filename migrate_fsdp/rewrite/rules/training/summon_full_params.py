@@ -62,6 +62,13 @@ _READ_FUNCTIONS = frozenset(
         "torch.save", "torch.linalg.vector_norm", "torch.linalg.norm", "torch.isfinite", "torch.isnan",
     }
 )
+# Tensor methods that only read their arguments: `ema.lerp_(p, 0.2)` changes `ema`, from `p`'s values.
+_READING_METHODS = frozenset(
+    {
+        "add_", "sub_", "mul_", "div_", "lerp_", "copy_", "addcmul_", "addcdiv_", "maximum", "minimum",
+        "add", "sub", "mul", "div", "lerp", "dot", "matmul", "mm", "allclose", "equal",
+    }
+)
 # In-place changes each element of a parameter gets from itself and numbers alone: done on each rank's shard of
 # FSDP2's DTensor, they give what FSDP1 wrote back from the full parameter (random initialisers do not: the shard
 # draws other numbers).
@@ -248,7 +255,11 @@ class SummonFullParams(RemovesStatements):
         if isinstance(parent, cst.Attribute) and parent.value is node:
             return parent.attr.value in _READ_ATTRIBUTES
         if isinstance(parent, cst.Arg) and len(parents) >= 2 and isinstance(parents[-2], cst.Call):
-            return self.ctx.matches(parents[-2].func, *_READ_FUNCTIONS)
+            func = parents[-2].func
+            if isinstance(func, cst.Attribute) and func.attr.value in _READING_METHODS and parent.keyword is None:
+                # another tensor's method taking the parameter's values (not one of the parameter itself)
+                return not any(isinstance(n, cst.Name) and n.value == node.value for n, _ in walk(func.value))
+            return self.ctx.matches(func, *_READ_FUNCTIONS)
         return isinstance(
             parent, (cst.FormattedStringExpression, cst.Comparison, cst.ComparisonTarget, cst.BinaryOperation, cst.UnaryOperation)
         )
