@@ -127,8 +127,8 @@ class FileContext:
         iterable of a `for` that does); not for a
         clause (`else:`) or a one-line suite (`if x: y = f()`), where the
         innermost statement is the compound one, nor inside a lambda, a
-        comprehension or a conditional expression: code inserted beside the
-        statement would run under different conditions.
+        comprehension (but its first iterable) or a conditional expression: code
+        inserted beside the statement would run under different conditions.
         """
         for index in range(len(self.stack) - 1, 0, -1):
             node = self.stack[index]
@@ -136,6 +136,8 @@ class FileContext:
                 return isinstance(self.stack[index - 1], _BODY_TYPES)
             if isinstance(node, cst.For) and index + 1 < len(self.stack) and self.stack[index + 1] is node.iter:
                 return isinstance(self.stack[index - 1], _BODY_TYPES)  # a loop's iterable: evaluated once, before it
+            if _first_iterable(node, self.stack[index + 1 : index + 3]):
+                continue  # `[p for p in model.parameters()]`: evaluated once, where the comprehension is
             if isinstance(node, (*_STATEMENT_TYPES, *_DEFERRED_TYPES)):
                 return False
         return False
@@ -248,3 +250,10 @@ class FileContext:
             if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and statement.name.value == name:
                 return True
         return False
+
+
+def _first_iterable(node, below) -> bool:
+    """`below` (the next nodes down the stack) leads from comprehension `node` into its outermost iterable."""
+    if not isinstance(node, (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)) or len(below) < 2:
+        return False
+    return below[0] is node.for_in and below[1] is node.for_in.iter

@@ -56,7 +56,8 @@ def test_the_rewrite_uses_every_helper_file():
         fsdp_modules.HELPER_NAME,
         no_sync.HELPER_NAME,
         optim_state_dict.LATER_HELPER,
-        optim_state_dict.UNSHARED_HELPER,
+        optim_state_dict.LOAD_HELPER,
+        "fsdp1_unshared_steps",  # inserted with it
         state_dicts.GATHER_HELPER_NAME,
         state_dicts.FULL_KIND_HELPER,
         state_dict_type.ANY_MODULE_SAVE_HELPER,
@@ -284,6 +285,29 @@ def test_unshared_steps_give_each_parameter_its_own_step_and_keep_the_rest():
     assert unshared["state"]["a"]["step"].item() == 5.0 and unshared["state"]["a"]["exp_avg"] is moment
     assert unshared["param_groups"] is saved["param_groups"] and saved["state"]["a"]["step"] is step
     assert helper("fsdp1_unshared_steps")(None) is None and helper("fsdp1_unshared_steps")({}) == {}
+
+
+
+def test_set_optimizer_state_dict_takes_what_fsdp1s_load_took():
+    """A scheduler's `initial_lr` saved and no scheduler built yet, and gradients still set on a fresh optimizer: FSDP1's
+    `optim.load_state_dict` took both; FSDP2's setter alone raises on each."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    optim = torch.optim.Adam(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optim, lambda step: 0.5**step)
+    model(torch.randn(4, 3)).sum().backward()
+    optim.step()
+    scheduler.step()
+    saved = get_optimizer_state_dict(model, optim)
+    fresh = torch.optim.Adam(model.parameters(), lr=0.1)
+    grads = [param.grad for param in model.parameters()]
+    helper("fsdp2_set_optimizer_state_dict")(model, fresh, saved)
+    assert fresh.param_groups[0]["initial_lr"] == 0.1 and fresh.param_groups[0]["lr"] == 0.05
+    assert all(param.grad is grad for param, grad in zip(model.parameters(), grads))
+    for loaded, trained in zip(fresh.state_dict()["state"].values(), optim.state_dict()["state"].values()):
+        assert torch.equal(loaded["exp_avg"], trained["exp_avg"]) and torch.equal(loaded["exp_avg_sq"], trained["exp_avg_sq"])
 
 
 @pytest.mark.parametrize(

@@ -70,15 +70,30 @@ PROGRAM = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
-def test_an_ema_teacher_follows_its_updates_as_a_single_process_computes(strategy, tmp_path):
-    result = rewrite_source(PROGRAM, "ema.py", Selection.from_prefixes(None, None))
+LOOP_UPDATE = """
+    for ps, pt in zip(student.parameters(), teacher.parameters()):
+        pt.mul_(momentum).add_(ps, alpha=1 - momentum)
+"""
+# the lists collected by comprehensions, as timm's ModelEmaV3 does
+FOREACH_UPDATE = """
+    teacher_params = [p for p in teacher.parameters()]
+    student_params = [p.detach() for p in student.parameters()]
+    torch._foreach_lerp_(teacher_params, student_params, 1 - momentum)
+"""
+
+
+@pytest.mark.parametrize(
+    "strategy, update", [("FULL_SHARD", LOOP_UPDATE), ("SHARD_GRAD_OP", LOOP_UPDATE), ("FULL_SHARD", FOREACH_UPDATE)]
+)
+def test_an_ema_teacher_follows_its_updates_as_a_single_process_computes(strategy, update, tmp_path):
+    program = PROGRAM.replace(LOOP_UPDATE, update)
+    result = rewrite_source(program, "ema.py", Selection.from_prefixes(None, None))
     rewritten = result.new_source.decode()
     assert not result.diagnostics and "fsdp2_reshard(teacher)" in rewritten
     script = tmp_path / "ema.py"
     script.write_text(rewritten)
     reference = tmp_path / "reference.py"
-    reference.write_text(PROGRAM)
+    reference.write_text(program)
     single = subprocess.run([sys.executable, str(reference), "single"], capture_output=True, text=True, check=True)
     expected = step_lines(single.stdout)
     assert len(expected) == 4 and len(set(line.split()[3] for line in expected)) > 1  # the teacher does change

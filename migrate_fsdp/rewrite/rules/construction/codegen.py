@@ -75,8 +75,9 @@ def statements(template: str, **values) -> list[cst.BaseStatement]:
 def assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
     """`name = value`, the value without the parentheses a template would give it (`x = a if c else b`).
 
-    A value the user wrote over several lines inside an argument list, moved here, keeps the indentation of
-    its old place; it is written on one line when that is short and loses no comment.
+    A value the user wrote over several lines inside an argument list, moved here, is written on one line,
+    which the layout splits again at this depth where it is long; one holding a comment or a multi-line string
+    keeps its lines as they were.
     """
     value = _one_line(value)
     if "\n" in cst.Module([]).code_for_node(value) and not value.lpar and isinstance(value, _UNBRACKETED):
@@ -89,9 +90,6 @@ def assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
 _UNBRACKETED = (cst.IfExp, cst.BooleanOperation, cst.BinaryOperation, cst.Comparison, cst.UnaryOperation, cst.Lambda)
 
 
-_ONE_LINE_WIDTH = 120
-
-
 def _one_line(value: cst.BaseExpression) -> cst.BaseExpression:
     code = cst.Module([]).code_for_node(value)
     if "\n" not in code or "#" in code or '"""' in code or "'''" in code:
@@ -99,7 +97,7 @@ def _one_line(value: cst.BaseExpression) -> cst.BaseExpression:
     flat = value.visit(_OneLine())
     if flat.lpar and not isinstance(flat, cst.Tuple):
         flat = flat.with_changes(lpar=[], rpar=[])
-    return flat if len(cst.Module([]).code_for_node(flat)) <= _ONE_LINE_WIDTH else value
+    return flat
 
 
 class _OneLine(cst.CSTTransformer):
@@ -130,7 +128,8 @@ class _OneLine(cst.CSTTransformer):
         return self._inner(updated, "whitespace_before")
 
     def leave_Call(self, original, updated):
-        return updated.with_changes(args=_no_trailing_comma(updated.args))  # `f(a, b,)` over lines
+        # `f(\n    a,\n)` over lines: no space after its bracket, no trailing comma
+        return updated.with_changes(whitespace_before_args=_NO_SPACE, args=_no_trailing_comma(updated.args))
 
     def leave_Dict(self, original, updated):
         return updated.with_changes(elements=_no_trailing_comma(updated.elements))

@@ -123,6 +123,10 @@ class MetaInitRule(KeywordRule):
             if not (isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr)):
                 return None
             params, body = function.params, statement.body[0].value
+        if isinstance(body, cst.IfExp) and self.analysis.is_none(body.orelse):
+            # `lambda m: m.to_empty(...) if cond else None` (llama-recipes without the brackets): FSDP1 called it only
+            # on modules with meta tensors, which it materialises wherever such a program works at all
+            body = body.body
         if len(params.params) != 1 or not isinstance(body, cst.Call):
             return None
         func = body.func

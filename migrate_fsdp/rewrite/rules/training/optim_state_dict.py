@@ -15,7 +15,8 @@ The FSDP1 loaders return a dict the caller then passes to
 `optim.load_state_dict(...)`; FSDP2's setter loads directly. So
 `optim.load_state_dict(FSDP.optim_state_dict_to_load(...))`, the same split
 over two statements (`osd = ...` then `optim.load_state_dict(osd)`), and
-`load_directly=True` become one `set_optimizer_state_dict(...)`; any other
+`load_directly=True` become one `fsdp2_set_optimizer_state_dict(...)`, the
+setter with what FSDP1's load also took (its helper says what); any other
 use of the returned dict is reported. `optim_state_dict_to_load` is
 recognised in its current order `(model, optim, osd)`, in the legacy order
 `(osd, model, optim)` of torch 1.x/2.0 and with keywords.
@@ -49,7 +50,7 @@ _LOADERS = {
     "scatter_full_optim_state_dict": (("full_optim_state_dict", "model", "optim_input", "optim", "group"), FULL, True),
     "flatten_sharded_optim_state_dict": (("sharded_optim_state_dict", "model", "optim"), SHARDED, False),
 }
-UNSHARED_HELPER = "fsdp1_unshared_steps"
+LOAD_HELPER = "fsdp2_set_optimizer_state_dict"
 LATER_HELPER = "fsdp2_optim_state_dict_to_load"
 _TO_LOAD = OPTIM_SIGNATURES["optim_state_dict_to_load"]
 _TO_LOAD_LEGACY = ("optim_state_dict", "model", "optim", "is_named_optimizer", "load_directly", "group")
@@ -333,8 +334,7 @@ class OptimStateDict(UsesStateDictPlan):
             )
         mode, optim = consumer
         build = Builder(self.ctx)
-        # FSDP1's saved optimizer states share `step` tensors, which FSDP2's optimizer must not (the helper says why)
-        state = build.helper_call(UNSHARED_HELPER, [self._arg(original, updated, bound, "optim_state_dict")], None)
+        state = self._arg(original, updated, bound, "optim_state_dict")
         if mode == "later":
             args = [self._arg(original, updated, bound, name) for name in ("model", "optim")] + [state]
             options = build.options(full_state_dict=build.full_state_dict(kind), broadcast_from_rank0=broadcast)
@@ -342,7 +342,9 @@ class OptimStateDict(UsesStateDictPlan):
         model = self._arg(original, updated, bound, "model")
         optim_node = self._arg(original, updated, bound, "optim") if "optim" in bound else optim
         options = build.options(full_state_dict=build.full_state_dict(kind), broadcast_from_rank0=broadcast)
-        call = build.call("set_optimizer_state_dict", [model, optim_node, state], options)
+        # FSDP1's load took what FSDP2's setter does not (shared `step` tensors, param-group settings the
+        # optimizer lacks): the helper says how
+        call = build.helper_call(LOAD_HELPER, [model, optim_node, state], options)
         if mode == "nested":
             outer = stack[-3]
             self._nested[id(outer)] = call

@@ -82,13 +82,14 @@ class ParameterShapes(TrainingRule):
         return False
 
     def _own_method(self, model) -> bool:
-        """`model` is the `self` of an instance method."""
+        """`model` is the `self` of an instance method, or of a function written to be one (`def
+        configure_optimizers(self, ...)` at module level, attached to the class elsewhere)."""
         stack = self.ctx.stack
         function = next((n for n in reversed(stack) if isinstance(n, cst.FunctionDef)), None)
-        if function is None or method_owner(function, stack[: stack.index(function) + 1]) is None:
+        params = function.params.params if function is not None else ()
+        if not params or not isinstance(model, cst.Name) or params[0].name.value != model.value:
             return False
-        params = function.params.params
-        return bool(params) and isinstance(model, cst.Name) and params[0].name.value == model.value
+        return model.value == "self" or method_owner(function, stack[: stack.index(function) + 1]) is not None
 
     def _handed_in(self, model) -> bool:
         """`model` is an argument of the function around (`self` included): a module this code is handed."""
@@ -115,22 +116,37 @@ class ParameterShapes(TrainingRule):
         if call.func.attr.value in PARAMETER_READS:
             return call.func.value
         if call.func.attr.value in _DICT_VIEWS and through_dict and isinstance(call.func.value, cst.Name):
-            table = self._assigned_once(call.func.value)
-            if isinstance(table, cst.DictComp):
-                return self._parameters_of(table.for_in.iter, through_dict=False)
-            if isinstance(table, cst.Call) and self.ctx.matches(table.func, "builtins.dict") and len(table.args) == 1:
-                return self._parameters_of(table.args[0].value, through_dict=False)
+            return self._table_of_parameters(call.func.value)
         return None
 
-    def _assigned_once(self, name: cst.Name) -> cst.BaseExpression | None:
-        """The value of the one `name = value` of the function around `name`."""
+    def _table_of_parameters(self, name: cst.Name) -> cst.BaseExpression | None:
+        """The model whose parameters the dict `name` of the function around holds: built from them once
+        (`{n: p for n, p in model.named_parameters()}`, `dict(model.named_parameters())`), and otherwise only
+        filtered from itself (nanoGPT's `param_dict = {pn: p for pn, p in param_dict.items() if p.requires_grad}`)."""
         function = next((n for n in reversed(self.ctx.stack) if isinstance(n, (cst.FunctionDef, cst.Module))), None)
         values = [
             node.value
             for node, _ in walk(function.body if isinstance(function, cst.FunctionDef) else function)
             if isinstance(node, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name.value for t in node.targets)
         ]
-        return values[0] if len(values) == 1 else None
+        models = []
+        for value in values:
+            if isinstance(value, cst.DictComp):
+                source = value.for_in.iter
+            elif isinstance(value, cst.Call) and self.ctx.matches(value.func, "builtins.dict") and len(value.args) == 1:
+                source = value.args[0].value
+            else:
+                return None
+            func = source.func if isinstance(source, cst.Call) else None
+            if isinstance(func, cst.Attribute) and func.attr.value in _DICT_VIEWS and isinstance(func.value, cst.Name):
+                if func.value.value != name.value:
+                    return None
+                continue  # filtered from itself
+            model = self._parameters_of(source, through_dict=False)
+            if model is None:
+                return None
+            models.append(model)
+        return models[0] if len(models) == 1 else None
 
 
 def _binds(target: cst.BaseExpression, name: str) -> bool:

@@ -75,6 +75,7 @@ _READING_METHODS = frozenset(
 _ELEMENTWISE_WRITES = frozenset({"zero_", "fill_", "mul_", "div_", "add_", "sub_", "clamp_", "clamp_min_", "clamp_max_"})
 # What a DTensor answers as the full parameter did.
 _METADATA = frozenset({"shape", "dtype", "ndim", "dim", "size", "numel", "requires_grad"})
+_SIZES = frozenset({"shape", "ndim", "dim", "size", "numel", "nelement"})
 _ITERATORS = ("parameters", "named_parameters")
 # Around a comprehension, these may keep some ranks from gathering.
 _CONDITIONAL = (cst.IfExp, cst.BooleanOperation, cst.Lambda, cst.CompFor, cst.If, cst.For, cst.While, cst.Try, cst.FunctionDef)
@@ -95,6 +96,7 @@ class SummonFullParams(RemovesStatements):
         super().__init__(ctx)
         self._plans: dict[int, tuple] = {}  # id(With) -> (item index, {id(loop): offload_to_cpu})
         self._writing: set[int] = set()  # ids of loops that only change parameters element by element: they stay
+        self._sizing: set[int] = set()  # ids of loops that only ask sizes, which a DTensor answers whole
 
     def visit_With(self, node: cst.With) -> None:
         for index, item in enumerate(node.items):
@@ -152,7 +154,7 @@ class SummonFullParams(RemovesStatements):
                 if problem is not None:
                     return problem, None
                 used = True
-                if id(parents[-3]) not in self._writing:
+                if id(parents[-3]) not in self._writing | self._sizing:
                     loops[id(parents[-3])] = options["offload_to_cpu"]
         if not used:
             return "the block does not read the model's parameters", None
@@ -178,6 +180,7 @@ class SummonFullParams(RemovesStatements):
                 return "the loop target is not `p` / `name, p`"
             problem = self._check_reads(loop.body, target, allow_exit=False)
             if problem is None:
+                self._note_sizing(loop, [loop.body], target)
                 return None
             if not self._writes_in_place(loop.body, target):
                 change = self._other_change(loop.body, target) if writeback else None
@@ -195,8 +198,23 @@ class SummonFullParams(RemovesStatements):
             conditional = any(isinstance(p, _CONDITIONAL) for p in parents[:-3])
             if target is None or conditional or loop.inner_for_in is not None:
                 return "the comprehension is not a plain one over the parameters"
-            return self._check_reads(comprehension, target, allow_exit=True)
+            problem = self._check_reads(comprehension, target, allow_exit=True)
+            if problem is None:
+                parts = [comprehension.elt] if not isinstance(comprehension, cst.DictComp) else [comprehension.key, comprehension.value]
+                self._note_sizing(loop, [*parts, *(test.search for test in loop.ifs)], target)
+            return problem
         return "the parameters are not iterated by a loop at the top of the block (every rank must gather them)"
+
+    def _note_sizing(self, loop, scopes: list, target: str) -> None:
+        """`loop` only asks `target` its size (`p.numel()`, `p.shape`): a DTensor answers as the full parameter did,
+        and so does an unsharded one, so nothing is gathered or resharded for it (a dtype is another matter: an
+        unsharded parameter is the working copy, in param_dtype under mixed precision)."""
+        for node, parents in walk(*scopes):
+            if isinstance(node, cst.Name) and node.value == target:
+                parent = parents[-1] if parents else None
+                if not (isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in _SIZES):
+                    return
+        self._sizing.add(id(loop))
 
     def _check_reads(self, scope_node, target: str, allow_exit: bool) -> str | None:
         for node, parents in walk(scope_node):
@@ -305,12 +323,17 @@ class SummonFullParams(RemovesStatements):
         call = updated.items[plan[0]].item
         model = next(arg.value for arg in call.args if arg.keyword is None or arg.keyword.value == "module")
         first = self._first_statement(updated.body.body)
-        if first is not None and reshards(self.ctx, first) == self.ctx.code(model):
+        if not plan[1] and not self._writing_in(original):
+            resharded = []  # only sizes asked: the same from sharded and unsharded parameters
+        elif first is not None and reshards(self.ctx, first) == self.ctx.code(model):
             resharded = []  # resharded there already (an in-place change under no_grad is, wherever it stands)
         else:
             resharded = self._resharded(original, model)
         body = updated.body.with_changes(body=[*resharded, *updated.body.body])
         return self.unwrap_with(updated.with_changes(body=body), plan[0])
+
+    def _writing_in(self, original: cst.With) -> bool:
+        return any(id(node) in self._writing for node, _ in walk(original.body))
 
     def _resharded(self, original: cst.With, model) -> list[cst.BaseStatement]:
         """FSDP2 leaves a module unsharded after a forward no backward followed (an evaluation under no_grad): its
