@@ -3,7 +3,8 @@
 Real code passes FSDP1's arguments positionally in its signature order, by
 keyword, through `module=`, and through `**kwargs` built as a dict literal or
 `dict(...)` in the same scope, possibly filled item by item after
-(`kw["mixed_precision"] = mp`, `kw.update(mixed_precision=mp)`, also under an `if`); values are often names assigned once nearby
+(`kw["mixed_precision"] = mp`, `kw.update(mixed_precision=mp)`, also under an `if`, or an `if` nested in one); values are
+often names assigned once nearby
 (`policy = ModuleWrapPolicy({Block})`). This module binds a call and follows
 such names to the expression that gives the value, so that the keyword rules
 see the same thing whatever the spelling.
@@ -70,6 +71,9 @@ class Fill:
     chain: cst.If | None  # the `if` statement in the dict's block whose branch holds it
     path: tuple[tuple[cst.If, bool], ...] = ()  # the chain's `if`s down to that branch, and whether each test holds
     own_block: cst.CSTNode | None = None  # the block the statement itself sits in
+    # (block, chain, path) for each block around the statement that a dict there sees it fill in, innermost first:
+    # an `if` nested in a branch of another fills that one's block through both chains
+    levels: tuple = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,14 +143,14 @@ class Definitions:
         target = _single_target(assign)
         if placed is None or target is None:
             return
-        statement, own_block, block, chain, path = placed
+        statement, own_block, levels = placed
         if isinstance(target, cst.Name) and isinstance(statement, cst.SimpleStatementLine):
             self._by_target[id(target)] = (assign, statement)
             self._blocks[id(statement)] = own_block
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and len(target.slice) == 1:
             key = target.slice[0].slice
             if isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString):
-                fill = Fill(key.value.evaluated_value, assign.value, target.value, statement, block, chain, path, own_block)
+                fill = Fill(key.value.evaluated_value, assign.value, target.value, statement, *levels[0], own_block, levels)
                 self._fills[id(target.value)] = (fill,)
 
     def note_update(self, call: cst.Call) -> None:
@@ -160,16 +164,17 @@ class Definitions:
         expression = self.ctx.stack[-2] if len(self.ctx.stack) > 1 else None
         if placed is None or not (isinstance(expression, cst.Expr) and expression.value is call):
             return
-        statement, own_block, block, chain, path = placed
+        statement, own_block, levels = placed
         self._fills[id(func.value)] = tuple(
-            Fill(arg.keyword.value, arg.value, func.value, statement, block, chain, path, own_block)
-            for arg in call.args
+            Fill(arg.keyword.value, arg.value, func.value, statement, *levels[0], own_block, levels) for arg in call.args
         )
 
-    def _placement(self) -> tuple[cst.CSTNode, cst.CSTNode, cst.CSTNode, cst.If | None, tuple] | None:
-        """(statement, its block, the block a fill there fills in, the `if` chain it is under, the path down that chain)
-        for the small statement being visited, when it is alone on its line: `x = v`, or `if cond: x = v` on one line
-        without else (then the statement and the chain are that `if`)."""
+    def _placement(self) -> tuple[cst.CSTNode, cst.CSTNode, tuple] | None:
+        """(statement, its block, levels) for the small statement being visited, when it is alone on its line: `x = v`,
+        or `if cond: x = v` on one line without else (then the statement and the first chain are that `if`). Each
+        level is (a block around the statement, the `if` chain in that block it is under, the path down that chain),
+        innermost first: the statement's own block with no chain, then one level for each `if` / `elif` / `else`
+        branch the chain sits in alone or beside other statements."""
         statement = self.ctx.statement()
         if isinstance(statement, cst.If):
             alone = isinstance(statement.body, cst.SimpleStatementSuite) and len(statement.body.body) == 1
@@ -178,21 +183,22 @@ class Definitions:
         elif not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
             return None
         stack = self.ctx.stack
-        index = next(i for i in range(len(stack) - 1, -1, -1) if stack[i] is statement)
-        block = stack[index - 1]
+        at = next(i for i in range(len(stack) - 1, -1, -1) if stack[i] is statement)
+        own_block = stack[at - 1]
         if isinstance(statement, cst.If):
-            return statement, block, block, statement, ((statement, True),)
-        owner = stack[index - 2] if index >= 2 else None
-        if isinstance(owner, cst.If) and owner.body is block:
-            at, path = index - 2, [(owner, True)]
-        elif isinstance(owner, cst.Else) and index >= 3 and isinstance(stack[index - 3], cst.If) and stack[index - 3].orelse is owner:
-            at, path = index - 3, [(stack[index - 3], False)]
+            path = ((statement, True),)
+            levels = [(own_block, statement, path)]
         else:
-            return statement, block, block, None, ()
-        while at >= 1 and isinstance(stack[at - 1], cst.If) and stack[at - 1].orelse is stack[at]:  # an `elif`
-            at -= 1
-            path.insert(0, (stack[at], False))
-        return statement, block, stack[at - 1], stack[at], tuple(path)
+            path = ()
+            levels = [(own_block, None, path)]
+        while True:
+            outer = _branch_around(stack, at)
+            if outer is None:
+                break
+            at, steps = outer
+            path = (*steps, *path)
+            levels.append((stack[at - 1], stack[at], path))
+        return statement, own_block, tuple(levels)
 
     def singles(self) -> list[Definition]:
         """Every `name = value` that is the only assignment of its name in its scope."""
@@ -236,9 +242,11 @@ class Definitions:
                 continue
             filling = self._fills.get(id(load), ())
             block = self._blocks.get(id(definition.statement))
-            if filling and filling[0].block is not block and filling[0].own_block is block:
-                # on a line of the dict's own block, itself in an `if` body: it fills whenever the dict is made
-                filling = tuple(replace(fill, block=block, chain=None, path=()) for fill in filling)
+            level = next((level for level in filling[0].levels if level[0] is block), None) if filling else None
+            if level is not None:
+                # as the dict's block sees it: on a line of its own (whenever the dict is made), or in a branch of
+                # a chain there, maybe through the branches of chains inside that one
+                filling = tuple(replace(fill, block=block, chain=level[1], path=level[2]) for fill in filling)
             if filling and filling[0].block is not block and self._within(filling[0].statement, block):
                 raise _NotFilled(
                     f"is filled in a nested block (`{_line(self.ctx, filling[0].statement)}`); fill it in the dict's "
@@ -257,24 +265,27 @@ class Definitions:
             return None
         emptied = []
         for chain in {id(fill.chain): fill.chain for fill in fills if fill.chain is not None}.values():
-            inside = {id(fill.statement) for fill in fills if fill.chain is chain}
+            ours = [fill for fill in fills if fill.chain is chain]
+            inside = {id(fill.statement) for fill in ours}
             if id(chain) in inside:  # `if test: kw["key"] = value` on one line
                 emptied.append(chain)
                 continue
-            links = _links(chain)
-            bodies = [link.body.body for link in links]
-            if links[-1].orelse is not None:
-                bodies.append(links[-1].orelse.body.body)
+            # the chains nested in its branches that lead to fills
+            chains = {id(step[0]): step[0] for fill in ours for step, before in zip(fill.path[1:], fill.path) if not _links_to(before[0], step[0])}
+            inside |= set(chains)
+            links = [link for top in (chain, *chains.values()) for link in _links(top)]
+            bodies = [link.body.body for link in links if isinstance(link.body, cst.IndentedBlock)]
+            bodies += [link.orelse.body.body for link in links if isinstance(link.orelse, cst.Else)]
             others = [[statement for statement in body if id(statement) not in inside] for body in bodies]
             tests = [link.test for link in links]
             changing = next(
-                (statement for body in others for statement in body if not all(_keeps_test(statement, test) for test in tests)),
+                ((statement, test) for body in others for statement in body for test in tests if not _keeps_test(statement, test)),
                 None,
             )
             if changing is not None:
                 raise _NotFilled(
-                    f"is filled beside `{_line(self.ctx, changing)}`, which may change what `if "
-                    f"{self.ctx.code(tests[0])}` reads, or leave the block"
+                    f"is filled beside `{_line(self.ctx, changing[0])}`, which may change what `if "
+                    f"{self.ctx.code(changing[1])}` reads, or leave the block"
                 )
             if not any(others):
                 emptied.append(chain)
@@ -541,13 +552,12 @@ def _filled_items(ctx, definition: Definition, arg: cst.Arg) -> list:
 
 
 def _chain_value(ctx, arg: cst.Arg, chain: cst.If, fills: list[Fill], before):
-    """What one key holds after an `if` chain whose branches `fills` fill (in order: the last in a branch wins)."""
+    """What one key holds after an `if` chain whose branches `fills` fill (in order: the last in a branch wins), maybe
+    through chains nested in those branches."""
     key = fills[0].key
-    by_branch = {(id(fill.path[-1][0]), fill.path[-1][1]): fill.value for fill in fills}
-    links = _links(chain)
     if before is None and key == "backward_prefetch" and all(ctx.matches(fill.value, _BACKWARD_PRE) for fill in fills):
         return fills[-1].value  # FSDP1's default: the item holds BACKWARD_PRE either way
-    everywhere = len(by_branch) == len(links) + 1 and links[-1].orelse is not None
+    everywhere = _everywhere(chain, [(fill, 0) for fill in fills])
     if before is None and not everywhere and key == "backward_prefetch":
         # FSDP1's default, spelled only for the choice: MF108 drops a backward_prefetch chosen at run time
         before = cst.parse_expression("BackwardPrefetch.BACKWARD_PRE")
@@ -560,10 +570,71 @@ def _chain_value(ctx, arg: cst.Arg, chain: cst.If, fills: list[Fill], before):
                 f"(`{key}=... if {test} else BackwardPrefetch.BACKWARD_PRE`)",
             )
         before = cst.Name(_DEFAULTS[key])
-    tree = by_branch.get((id(links[-1]), False), before)
-    for link in reversed(links):
-        tree = choice.Choice(link.test, by_branch.get((id(link), True), before), tree)
+    tree = _tree(chain, [(fill, 0) for fill in fills], before)
     return choice.join(tree, lambda value: value)  # neighbouring branches giving the same value ask once
+
+
+def _branches(chain: cst.If, placed: list) -> dict:
+    """`placed` ((fill, where its path enters `chain`)) by the branch of `chain` each is in: (id(link), holds) ->
+    [(fill, where its path goes on into a chain nested there, or its length)]."""
+    links = {id(link) for link in _links(chain)}
+    branches: dict = {}
+    for fill, start in placed:
+        end = start
+        while end + 1 < len(fill.path) and id(fill.path[end + 1][0]) in links:
+            end += 1
+        link, holds = fill.path[end]
+        branches.setdefault((id(link), holds), []).append((fill, end + 1))
+    return branches
+
+
+def _keys(chain: cst.If) -> list:
+    """The branches of `chain`: each link's body, then the `else` (keyed on the last link, not holding)."""
+    links = _links(chain)
+    return [(id(link), True) for link in links] + [(id(links[-1]), False)]
+
+
+def _runs(group: list) -> list:
+    """A branch's fills in order, those nested in one chain taken together: [(fill or None, chain or None, group)]."""
+    runs = []
+    for fill, start in group:
+        if start == len(fill.path):
+            runs.append((fill, None, None))
+        elif runs and runs[-1][1] is fill.path[start][0]:
+            runs[-1][2].append((fill, start))
+        else:
+            runs.append((None, fill.path[start][0], [(fill, start)]))
+    return runs
+
+
+def _everywhere(chain: cst.If, placed: list) -> bool:
+    """Every way through `chain` (and the chains nested in it) fills the key."""
+    if _links(chain)[-1].orelse is None:
+        return False
+    branches = _branches(chain, placed)
+    for key in _keys(chain):
+        runs = _runs(branches.get(key, []))
+        if not any(fill is not None or _everywhere(inner, group) for fill, inner, group in runs):
+            return False
+    return True
+
+
+def _tree(chain: cst.If, placed: list, before):
+    """The choice `chain` makes for the key: each branch's last fill, or what a chain nested there makes of what
+    the key held before it."""
+    branches = _branches(chain, placed)
+
+    def held(key):
+        value = before
+        for fill, inner, group in _runs(branches.get(key, [])):
+            value = fill.value if fill is not None else _tree(inner, group, value)
+        return value
+
+    links = _links(chain)
+    tree = held((id(links[-1]), False))
+    for link in reversed(links):
+        tree = choice.Choice(link.test, held((id(link), True)), tree)
+    return tree
 
 
 def _links(chain: cst.If) -> list[cst.If]:
@@ -590,3 +661,26 @@ def _dict_items(ctx, value: cst.BaseExpression) -> list | None:
     else:
         return None
     return items
+
+
+def _branch_around(stack, at: int):
+    """(stack index of the chain holding, in one of its branches, the block around `stack[at]`; the steps down that
+    chain), or None where that block is no `if` / `elif` / `else` body."""
+    if at < 3:
+        return None
+    block, owner = stack[at - 1], stack[at - 2]
+    if isinstance(owner, cst.If) and owner.body is block:
+        index, steps = at - 2, [(owner, True)]
+    elif isinstance(owner, cst.Else) and isinstance(stack[at - 3], cst.If) and stack[at - 3].orelse is owner:
+        index, steps = at - 3, [(stack[at - 3], False)]
+    else:
+        return None
+    while index >= 1 and isinstance(stack[index - 1], cst.If) and stack[index - 1].orelse is stack[index]:  # an `elif`
+        index -= 1
+        steps.insert(0, (stack[index], False))
+    return index, tuple(steps)
+
+
+def _links_to(link: cst.If, other: cst.If) -> bool:
+    """`other` is an `elif` of `link`."""
+    return link.orelse is other
