@@ -23,9 +23,12 @@ from migrate_fsdp.stale import remove_stale
 _SKIPPED_DIRS = frozenset(
     {
         ".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".venv", "venv", ".mypy_cache",
-        ".pytest_cache", ".ruff_cache", "node_modules", "build", "dist", ".eggs",
+        ".pytest_cache", ".ruff_cache", "node_modules", ".eggs",
     }
 )
+# Build outputs, unless the project names a package so (`src/pkg/dist/__init__.py`, its distributed code): a
+# skipped module of the program would keep FSDP1 code beside the converted rest.
+_BUILD_DIRS = frozenset({"build", "dist"})
 GENERATED_MARKER = b"@" + b"generated"  # spelled apart so this file is not itself "generated"
 TEMP_SUFFIX = ".migrate-fsdp.tmp"
 # `.train.py.<pid>-<random>.migrate-fsdp.tmp`: the writer's PID tells a killed run's temporary from a live one's.
@@ -48,6 +51,8 @@ def _excluded(path: Path, root: Path, patterns: list[str]) -> bool:
 
 
 def skipped_dir(path: Path) -> bool:
+    if path.name in _BUILD_DIRS:
+        return not (path / "__init__.py").exists()
     return path.name in _SKIPPED_DIRS or path.name.endswith(".egg-info") or (path / "pyvenv.cfg").exists()
 
 

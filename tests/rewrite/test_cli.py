@@ -203,6 +203,19 @@ def test_skips_vcs_venv_build_generated_and_excluded(tree):
     assert paths == {"pkg/train.py"}
 
 
+def test_a_package_named_like_a_build_dir_is_the_programs_own(tree):
+    # `src/pkg/dist/`, a project's distributed code: skipped, its FSDP1 code would stay beside the converted rest
+    for directory in ["dist", "build"]:
+        (tree / "pkg" / directory).mkdir()
+        (tree / "pkg" / directory / "__init__.py").write_text("")
+        (tree / "pkg" / directory / "wrap.py").write_text(FSDP1_FILE)
+    (tree / "dist").mkdir()
+    (tree / "dist" / "m.py").write_text(FSDP1_FILE)
+    done = migrate("--check", *LEFTOVER_ONLY, ".", cwd=tree)
+    paths = {line.split(":")[0] for line in done.stdout.splitlines()}
+    assert paths == {"pkg/train.py", "pkg/dist/wrap.py", "pkg/build/wrap.py"}
+
+
 def test_explicit_file_is_taken_even_in_a_skipped_dir(tree):
     (tree / "build").mkdir()
     (tree / "build" / "m.py").write_text(FSDP1_FILE)

@@ -300,6 +300,12 @@ class FsdpModels:
                 continue
             self._narrowings.setdefault(dotted(subject), []).append(definition)
 
+    def _note_While(self, node: cst.While) -> None:
+        for subject, kind, source in self._isinstance_facts(node.test):  # `while isinstance(m, FSDP): m = m.module`
+            path = (*self.ctx.stack, node.body)
+            definition = _Definition(self._next_seq(), path, kind=kind, narrowing=True, source=source)
+            self._narrowings.setdefault(dotted(subject), []).append(definition)
+
     def _note_Assert(self, node: cst.Assert) -> None:
         for subject, kind, source in self._isinstance_facts(node.test):
             definition = _Definition(self._next_seq(), self._statement_path(), kind=kind, source=source)

@@ -30,6 +30,14 @@ _FSDP1_NAMED = re.compile(r"fsdp_?1", re.IGNORECASE)
 _FSDP_VERSION_SETTING = re.compile(r"fsdp_?version|fsdp_?[12]\b", re.IGNORECASE)
 _FSDP2_NAMED = re.compile(r"fsdp_?2", re.IGNORECASE)
 _FSDP2_TWIN = re.compile(r"def\s+\w*fsdp_?2", re.IGNORECASE)  # a cheap test before looking for the defs
+_TESTS_FSDP2 = "tests for FSDP2"
+_TESTS_SETTING = "tests which FSDP version to use"
+_BY_VERSION = (_TESTS_FSDP2, _TESTS_SETTING)
+# Methods of an FSDP1 model FSDP2's has not: under a test of the FSDP version, the model's FSDP1 side
+# (`if cfg.fsdp_version == 2: model.set_requires_gradient_sync(last) else: ctx = model.no_sync()`).
+_FSDP1_METHODS = ("no_sync", "clip_grad_norm_")
+# ... and an FSDP2 model's, which code serving both asks for by name
+_FSDP2_METHODS = ("unshard", "reshard", "set_requires_gradient_sync", "set_reshard_after_backward")
 
 
 class DualVersionRegions:
@@ -88,6 +96,8 @@ class DualVersionRegions:
                 two = any(is_fsdp2(n) for n in names)
             if isinstance(node, cst.Name):
                 word = bool(_FSDP2_WORD.fullmatch(node.value) or _FSDP2_NAMED.search(node.value))
+            elif isinstance(node, cst.SimpleString):
+                word = node.value[1:-1] in _FSDP2_METHODS  # `hasattr(model, "unshard")`
             for child in below:
                 child_one, child_two, child_word = named[id(child)]
                 one, two, word = one or child_one, two or child_two, word or child_word
@@ -115,11 +125,15 @@ class DualVersionRegions:
             elif isinstance(node, cst.Tuple) and all(self._versions(node)):
                 why = "names the FSDP1 and the FSDP2 class together"
                 node = next(p for p in reversed(parents) if isinstance(p, (cst.SimpleStatementLine, cst.BaseCompoundStatement)))
+            elif isinstance(node, cst.BooleanOperation) and all(self._branch_versions(node)):
+                # `isinstance(m, FSDP) or hasattr(m, "unshard")`
+                why = "asks for the FSDP1 and the FSDP2 model together"
+                node = next(p for p in reversed(parents) if isinstance(p, (cst.SimpleStatementLine, cst.BaseCompoundStatement)))
             elif isinstance(node, cst.FunctionDef) and twins and _FSDP1_NAMED.search(node.name.value):
                 why = f"serves FSDP1 beside an FSDP2 twin ({sorted(twins)[0]})"
             else:
                 continue
-            if why is not None and self._versions(node)[0]:
+            if why is not None and (self._versions(node)[0] or why in _BY_VERSION and _calls_fsdp1_methods(node)):
                 regions.setdefault(id(node), why)
         return regions
 
@@ -144,11 +158,11 @@ class DualVersionRegions:
         if rest is not None:
             bodies.append(rest)
         if any(self._versions(test)[1] for test in tests):
-            return "tests for FSDP2"
+            return _TESTS_FSDP2
         if any(_VERSION_TEST.search(self.ctx.code(test)) for test in tests):
             return "tests the torch version"
         if any(_FSDP_VERSION_SETTING.search(self.ctx.code(test)) for test in tests):
-            return "tests which FSDP version to use"  # `if cfg.fsdp_version == 2:`, `if args.use_fsdp2:`
+            return _TESTS_SETTING  # `if cfg.fsdp_version == 2:`, `if args.use_fsdp2:`
         versions = [self._branch_versions(body) for body in bodies]
         if any(one and not two for one, two in versions) and any(two and not one for one, two in versions):
             return "picks FSDP1 or FSDP2 by a setting"  # `if strategy == "fsdp": FSDP(...) elif ... "fsdp2": fully_shard(...)`
@@ -176,3 +190,12 @@ def _exits(body) -> bool:
 
 def _raises(body) -> bool:
     return isinstance(_last_small_statement(body), cst.Raise)
+
+
+def _calls_fsdp1_methods(node) -> bool:
+    """`node` calls a method only an FSDP1 model has (`model.no_sync()`), not torch.nn.utils' function."""
+    for child, parents in walk(node):
+        if isinstance(child, cst.Call) and isinstance(child.func, cst.Attribute) and child.func.attr.value in _FSDP1_METHODS:
+            if not cst.Module([]).code_for_node(child.func.value).endswith("utils"):
+                return True
+    return False

@@ -19,7 +19,7 @@ from migrate_fsdp.rewrite.rule import FSDP2_MODELS, Rule
 from migrate_fsdp.rewrite.rules.construction.analysis import Analysis
 from migrate_fsdp.rewrite.rules.construction.arguments import Unbindable, bind
 from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import AutoWrapPolicyRule
-from migrate_fsdp.rewrite.rules.construction.codegen import is_reevaluable, statements, string
+from migrate_fsdp.rewrite.rules.construction.codegen import assign, is_reevaluable, string
 from migrate_fsdp.rewrite.rules.construction.cpu_offload import CpuOffloadRule
 from migrate_fsdp.rewrite.rules.construction.emit import Emitter, needs_after, needs_module_again
 from migrate_fsdp.rewrite.rules.construction.forward_prefetch import ForwardPrefetchRule
@@ -325,13 +325,13 @@ class WrapCall(Rule):
                 value = getattr(first, field)
                 if value is not None and not isinstance(value, cst.Name):
                     var = self.analysis.names.fresh(definition.target, name, f"fsdp_{name}")
-                    setup += statements(f"{var} = VALUE", VALUE=value)
+                    setup.append(assign(var, value))
                     values[field] = cst.Name(var)
             for plan in plans:
                 plan.before = []
                 for field, value in values.items():
                     setattr(plan, field, value)
-            self._setup_at[id(definition.statement)] = setup
+            self._setup_at[id(self._setup_anchor(definition))] = setup
 
     def _setup_source(self, plan: Plan):
         """The kwargs dict all of `plan`'s mesh and device arguments come from, when its setup may go before it."""
@@ -341,12 +341,20 @@ class WrapCall(Rule):
         if len(sources) != 1 or None in sources:
             return None
         (definition,) = sources
-        if getattr(definition, "fills", ()):  # items set after the dict may name what only exists after it
-            return None
         statement = definition.statement
         if id(statement) not in self.analysis.insertable or self.analysis.initialises_between(statement, plan.site.statement):
             return None
         return definition
+
+    def _setup_anchor(self, definition):
+        """Where the setup built from a kwargs dict goes: the dict's line, or, for a dict filled after it (whose
+        items may name what only exists after it), the last line or `if` chain that fills it."""
+        fills = getattr(definition, "fills", ())
+        if not fills:
+            return definition.statement
+        order = self.analysis.definitions.order
+        last = max(fills, key=lambda fill: order[id(fill.statement)])
+        return last.chain if last.chain is not None else last.statement
 
     # ----- rewriting --------------------------------------------------------------------------
 
@@ -419,6 +427,12 @@ class WrapCall(Rule):
         return updated
 
     def leave_If(self, original, updated):
+        setup = self._setup_at.get(id(original))
+        if setup and id(original) in self._removed:  # the last `if` filling the dict makes way for the setup
+            comments = [line for line in updated.leading_lines if line.comment is not None]
+            return cst.FlattenSentinel([setup[0].with_changes(leading_lines=[*comments, *setup[0].leading_lines]), *setup[1:]])
+        if setup:
+            return cst.FlattenSentinel([updated, *setup])
         if id(original) in self._removed:  # an `if` that only filled a removed kwargs dict
             self._dropped[id(updated)] = updated
         # Branches that only filled it are left empty, and go as dead blocks (imports.finish_module).

@@ -48,6 +48,9 @@ class TrainingRule(Rule):
     def collect_If(self, node) -> None:
         self.models.note(node)
 
+    def collect_While(self, node) -> None:
+        self.models.note(node)
+
     def collect_Assert(self, node) -> None:
         self.models.note(node)
 
@@ -261,13 +264,13 @@ class RemovesStatements(TrainingRule):
         pending = self._take_pending(original)
         return updated.with_changes(footer=[*pending, *updated.footer]) if pending else updated
 
-    def unwrap_with(self, updated: cst.With, item_index: int):
-        """`updated` without its item `item_index`; the body spliced in its place when it was the only item.
+    def unwrap_with(self, updated: cst.With, *item_indexes: int):
+        """`updated` without its items `item_indexes`; the body spliced in its place when they were all its items.
 
         Called from `leave_With`; the comments closing the body go after the spliced statements.
         """
-        if len(updated.items) > 1:
-            items = [item for index, item in enumerate(updated.items) if index != item_index]
+        items = [item for index, item in enumerate(updated.items) if index not in item_indexes]
+        if items:
             items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             return updated.with_changes(items=items)
         body = updated.body

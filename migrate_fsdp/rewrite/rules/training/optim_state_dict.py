@@ -166,8 +166,10 @@ class OptimStateDict(UsesStateDictPlan):
                 )
         load_directly = literal_bool(bound["load_directly"].value) if "load_directly" in bound else False
         broadcast = settings.kind == FULL and settings.optim_rank0
+        nested = len(self._nested)
         result = self._load(original, updated, bound, settings.kind, broadcast, bound["optim"], load_directly)
-        if result is not None and sharded_load is not None:
+        converted = result is not None or len(self._nested) > nested  # `optim.load_state_dict(FSDP...(...))` goes later
+        if converted and sharded_load is not None:
             line, replacement, model_state = sharded_load
             self._sharded_loads[id(line)] = (line, replacement(), model_state)
         return result
@@ -199,7 +201,10 @@ class OptimStateDict(UsesStateDictPlan):
         model_state = self._model_state_only_for(loader, line)
 
         def replacement() -> list[cst.BaseStatement]:
-            get = Builder(self.ctx).call("get_optimizer_state_dict", [model, optim], None)
+            # not resharded before the load line, which this runs while visiting: the model's state loaded just
+            # before it left the model sharded, and the setter of the next line reshards
+            build = Builder(self.ctx)
+            get = build.plain_call("get_optimizer_state_dict", [model, optim], None)
             load = Names(self.ctx).ref(line, "torch.distributed.checkpoint.load")  # `dcp.load` where dcp is imported
             readers = {k: loader[k].value for k in ("storage_reader", "planner") if k in loader}
             return [*statements(f"{name} = {{KEY: GET}}", KEY=key, GET=get), cst.SimpleStatementLine([cst.Expr(call(load, cst.Name(name), **readers))])]

@@ -74,11 +74,14 @@ class StateDictType(UsesStateDictPlan):
 
     def leave_With(self, original: cst.With, updated):
         updated = self.attach_pending(original, updated)
-        for index, item in enumerate(original.items):
-            context = self.plan.context_of(item.item) if isinstance(item.item, cst.Call) else None
-            if context is not None and context.converted:
-                return self.unwrap_with(updated, index)
-        return updated
+        converted = [
+            index
+            for index, item in enumerate(original.items)
+            if isinstance(item.item, cst.Call)
+            and (context := self.plan.context_of(item.item)) is not None
+            and context.converted
+        ]
+        return self.unwrap_with(updated, *converted) if converted else updated
 
     def leave_SimpleStatementLine(self, original, updated):
         if id(original) in self.plan.removed_statements:
@@ -165,6 +168,10 @@ class StateDictType(UsesStateDictPlan):
             return build.get("get_model_state_dict", [model], settings.kind, settings.model_offload, settings.model_rank0)
         state = updated.args[original.args.index(_state_arg(original))].value
         strict_value = updated.args[original.args.index(strict)].value if strict is not None else None
+        if full is True and not isinstance(self.ctx.stack[-2], cst.Expr):
+            # its result read (`missing_keys`): set_model_state_dict lists no key missing in a full load
+            helper = self.ctx.add_helper(ANY_MODULE_LOAD_HELPER)
+            return call(helper, model, state) if strict is None else call(helper, model, state, strict=strict_value)
         options = build.options(full_state_dict=full, strict=strict_value)
         return build.call("set_model_state_dict", [model, state], options)
 

@@ -493,11 +493,11 @@ class StateDictPlan:
 
     def _reads_only(self, call) -> bool:
         """Calls that take the model without keeping it or reading the setting: FSDP's own, type checks, FSDP2's
-        (a reshard the rewrite put there included)."""
+        (a reshard or state-dict helper the rewrite put there included: each says its options itself)."""
         return isinstance(call, cst.Call) and (
             self._fsdp_method(call.func) is not None
             or self.ctx.matches(call.func, FSDP_CLASS, *_INSPECTING, *_EXPLICIT)
-            or isinstance(call.func, cst.Name) and call.func.value == RESHARD_HELPER
+            or isinstance(call.func, cst.Name) and call.func.value in _REWRITE_HELPERS
         )
 
     def _plan_config_statements(self) -> None:
@@ -607,6 +607,13 @@ class UsesStateDictPlan(RemovesStatements):
 # ----- building the FSDP2 calls ----------------------------------------------------------
 
 GATHER_HELPER_NAME = "fsdp2_full_state_dict"
+# The rewrite's own calls a model is handed to in a state-dict block: none reads FSDP1's setting.
+_REWRITE_HELPERS = frozenset(
+    {
+        RESHARD_HELPER, GATHER_HELPER_NAME, "fsdp2_state_dict", "fsdp2_load_state_dict",
+        "fsdp2_set_optimizer_state_dict", "fsdp2_optim_state_dict_to_load",
+    }
+)
 
 
 @dataclass
@@ -628,9 +635,14 @@ class Builder:
         return cst.Arg(call, keyword=cst.Name("options"), equal=_NO_SPACE_EQUAL)
 
     def call(self, function: str, args: list, options: cst.Arg | None) -> cst.Call:
+        """`function(args, options=...)` for the statement being visited, resharded before it where it needs."""
         if function in _THROUGH_SHARDS:
             model = args[0].value if isinstance(args[0], cst.Arg) else args[0]
             reshard_before(self.ctx, model)
+        return self.plain_call(function, args, options)
+
+    def plain_call(self, function: str, args: list, options: cst.Arg | None) -> cst.Call:
+        """`function(args, options=...)`, for a statement of its own that the caller places."""
         return self._call(self.ctx.require_import(DSD, function), args, options)
 
     def helper_call(self, helper: str, args: list, options: cst.Arg | None) -> cst.Call:

@@ -109,12 +109,22 @@ class WrapperAttributes(RemovesStatements):
 
     def leave_If(self, original, updated):
         """An `if isinstance(m, FSDP):` whose body the unwrapping emptied goes."""
+        if self._emptied_unwrapping(original, updated):
+            return self.remove_statement(original)
+        return super().leave_If(original, updated)
+
+    def leave_While(self, original, updated):
+        """So does `while isinstance(m, FSDP): m = m.module` (transformers' unwrap_model): an FSDP2 model is the
+        user's module itself."""
+        if self._emptied_unwrapping(original, updated):
+            return self.remove_statement(original)
+        return updated
+
+    def _emptied_unwrapping(self, original, updated) -> bool:
         test = original.test
         subject = dotted(test.args[0].value) if isinstance(test, cst.Call) and test.args else ""
         emptied = isinstance(updated.body, cst.IndentedBlock) and not updated.body.body and updated.orelse is None
-        if emptied and subject and self._unwraps(test, subject):
-            return self.remove_statement(original)
-        return super().leave_If(original, updated)
+        return emptied and bool(subject) and self._unwraps(test, subject)
 
     def _unwrapping(self, node: cst.Attribute) -> str | None:
         """The model `m` when `node` is `m.module` taken as the user's module where `isinstance(m, FSDP)` holds:
@@ -131,7 +141,9 @@ class WrapperAttributes(RemovesStatements):
         if not (returned or given_back) or not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
             return None
         block, branch = (stack[-4], stack[-5]) if len(stack) >= 5 else (None, None)
-        inside = isinstance(branch, cst.If) and branch.body is block and self._unwraps(branch.test, subject)
+        inside = isinstance(branch, (cst.If, cst.While)) and branch.body is block and self._unwraps(branch.test, subject)
+        if isinstance(branch, cst.While) and (returned or branch.orelse is not None):
+            return None
         return subject if inside and (returned or len(block.body) == 1) else None
 
     def _unwraps(self, test, subject: str) -> bool:
