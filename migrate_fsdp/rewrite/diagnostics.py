@@ -47,6 +47,7 @@ TODO_REASONS = {
     "MF213": "checkpointing after FSDP1 wrapping",
     "MF214": "parameters changed under no_grad",
     "MF215": "parameter shape read: FSDP1 gave flat ones",
+    "MF216": "sum of FSDP1 shards all-reduced by hand",
     "MF900": "FSDP1 API with no automatic rewrite",
 }
 

@@ -75,7 +75,7 @@ _READING_METHODS = frozenset(
 _ELEMENTWISE_WRITES = frozenset({"zero_", "fill_", "mul_", "div_", "add_", "sub_", "clamp_", "clamp_min_", "clamp_max_"})
 # What a DTensor answers as the full parameter did.
 _METADATA = frozenset({"shape", "dtype", "ndim", "dim", "size", "numel", "requires_grad"})
-_SIZES = frozenset({"shape", "ndim", "dim", "size", "numel", "nelement"})
+_SIZES = frozenset({"shape", "ndim", "dim", "size", "numel", "nelement", "requires_grad"})
 _ITERATORS = ("parameters", "named_parameters")
 # Around a comprehension, these may keep some ranks from gathering.
 _CONDITIONAL = (cst.IfExp, cst.BooleanOperation, cst.Lambda, cst.CompFor, cst.If, cst.For, cst.While, cst.Try, cst.FunctionDef)
@@ -201,7 +201,7 @@ class SummonFullParams(RemovesStatements):
             problem = self._check_reads(comprehension, target, allow_exit=True)
             if problem is None:
                 parts = [comprehension.elt] if not isinstance(comprehension, cst.DictComp) else [comprehension.key, comprehension.value]
-                self._note_sizing(loop, [*parts, *(test.search for test in loop.ifs)], target)
+                self._note_sizing(loop, [*parts, *(test.test for test in loop.ifs)], target)
             return problem
         return "the parameters are not iterated by a loop at the top of the block (every rank must gather them)"
 

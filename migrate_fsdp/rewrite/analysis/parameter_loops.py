@@ -1,0 +1,91 @@
+"""Which model's parameters a loop walks: `for p in model.parameters()`, `for n, p in model.named_parameters()`, a
+comprehension over them, also through a dict of them (nanoGPT's `param_dict = {n: p for n, p in
+self.named_parameters()}`, then `param_dict.items()`). The rules asking what code does with an FSDP model's
+parameters after wrapping read it here: FSDP1 showed them as this rank's flat shards, FSDP2 as DTensors."""
+
+import libcst as cst
+
+from migrate_fsdp.rewrite.analysis.models import PARAMETER_READS
+from migrate_fsdp.rewrite.syntax import walk
+
+LOOPS = (cst.CompFor, cst.For)
+_DICT_VIEWS = ("items", "values")
+
+
+def model_iterated(ctx, name: str) -> cst.BaseExpression | None:
+    """The model whose parameters the innermost loop (at the node visited) binding `name` walks."""
+    for node in reversed(ctx.stack):
+        if isinstance(node, LOOPS) and binds(node.target, name):
+            return parameters_of(ctx, node.iter)
+    return None
+
+
+def parameters_of(ctx, iterated, through_dict: bool = True) -> cst.BaseExpression | None:
+    """`model` for `model.parameters()` / `model.named_parameters()` (or a dict of them, with `through_dict`)."""
+    call = iterated
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)):
+        return None
+    if call.func.attr.value in PARAMETER_READS:
+        return call.func.value
+    if call.func.attr.value in _DICT_VIEWS and through_dict and isinstance(call.func.value, cst.Name):
+        return _table_of_parameters(ctx, call.func.value)
+    return None
+
+
+def _table_of_parameters(ctx, name: cst.Name) -> cst.BaseExpression | None:
+    """The model whose parameters the dict `name` of the function around holds: built from them once
+    (`{n: p for n, p in model.named_parameters()}`, `dict(model.named_parameters())`), and otherwise only
+    filtered from itself (nanoGPT's `param_dict = {pn: p for pn, p in param_dict.items() if p.requires_grad}`)."""
+    function = next((n for n in reversed(ctx.stack) if isinstance(n, (cst.FunctionDef, cst.Module))), None)
+    values = [
+        node.value
+        for node, _ in walk(function.body if isinstance(function, cst.FunctionDef) else function)
+        if isinstance(node, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name.value for t in node.targets)
+    ]
+    models = []
+    for value in values:
+        if isinstance(value, cst.DictComp):
+            source = value.for_in.iter
+        elif isinstance(value, cst.Call) and ctx.matches(value.func, "builtins.dict") and len(value.args) == 1:
+            source = value.args[0].value
+        else:
+            return None
+        func = source.func if isinstance(source, cst.Call) else None
+        if isinstance(func, cst.Attribute) and func.attr.value in _DICT_VIEWS and isinstance(func.value, cst.Name):
+            if func.value.value != name.value:
+                return None
+            continue  # filtered from itself
+        model = parameters_of(ctx, source, through_dict=False)
+        if model is None:
+            return None
+        models.append(model)
+    return models[0] if len(models) == 1 else None
+
+
+def binds(target: cst.BaseExpression, name: str) -> bool:
+    """`for p in ...` or `for n, p in ...` binds `name` to the parameter."""
+    if isinstance(target, cst.Name):
+        return target.value == name
+    if isinstance(target, cst.Tuple) and len(target.elements) == 2:
+        last = target.elements[1].value
+        return isinstance(last, cst.Name) and last.value == name
+    return False
+
+
+def loop_target(loop) -> str | None:
+    """The parameter's name in `for p in ...` / `for n, p in ...`."""
+    target = loop.target
+    if isinstance(target, cst.Name):
+        return target.value
+    if isinstance(target, cst.Tuple) and len(target.elements) == 2 and isinstance(target.elements[1].value, cst.Name):
+        return target.elements[1].value.value
+    return None
+
+
+def handed_in(ctx, model) -> bool:
+    """`model` is an argument of the function around (`self` included): a module this code is handed."""
+    scope = ctx.scope(model) if isinstance(model, cst.Name) else None
+    if scope is None:
+        return False
+    bindings = scope[model.value]
+    return bool(bindings) and all(isinstance(getattr(b, "node", None), cst.Param) for b in bindings)
