@@ -270,8 +270,13 @@ class Definitions:
             if id(chain) in inside:  # `if test: kw["key"] = value` on one line
                 emptied.append(chain)
                 continue
-            # the chains nested in its branches that lead to fills
-            chains = {id(step[0]): step[0] for fill in ours for step, before in zip(fill.path[1:], fill.path) if not _links_to(before[0], step[0])}
+            # the chains nested in its branches that lead to fills: a step into an `if` that is no `elif` of the last
+            chains = {
+                id(step[0]): step[0]
+                for fill in ours
+                for step, before in zip(fill.path[1:], fill.path)
+                if before[0].orelse is not step[0]
+            }
             inside |= set(chains)
             links = [link for top in (chain, *chains.values()) for link in _links(top)]
             bodies = [link.body.body for link in links if isinstance(link.body, cst.IndentedBlock)]
@@ -679,8 +684,3 @@ def _branch_around(stack, at: int):
         index -= 1
         steps.insert(0, (stack[index], False))
     return index, tuple(steps)
-
-
-def _links_to(link: cst.If, other: cst.If) -> bool:
-    """`other` is an `elif` of `link`."""
-    return link.orelse is other
