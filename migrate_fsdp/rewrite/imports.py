@@ -583,6 +583,23 @@ def _add_helpers(body: list, helpers: dict) -> None:
     body[position:position] = definitions
 
 
+def _called_helpers(module: cst.Module, helpers: dict) -> dict:
+    """The helpers the finished code names, and the helpers those name: a rule may ask for one on a path whose
+    code another rule then replaces (a load that converted to `set_model_state_dict` after all)."""
+    wanted = [name for name in helpers if name in _used_names(module, scoped=False).names]
+    needed = set()
+    while wanted:
+        name = wanted.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        inner = _UsedNames(scoped=False)
+        for statement in helpers[name]:
+            statement.visit(inner)
+        wanted += [other for other in helpers if other in inner.names]
+    return {name: statements for name, statements in helpers.items() if name in needed}
+
+
 def _used_names(module: cst.Module, scoped: bool = True) -> _UsedNames:
     used = _UsedNames(scoped)
     module.visit(used)
@@ -595,6 +612,7 @@ def finish_module(
     """Add the helpers and the requested imports the output uses, then drop the imports nobody uses any more
     (except module-level names in `kept`); also the module-level names whose imports were dropped."""
     body = list(module.body)
+    helpers = _called_helpers(module, helpers)
     if helpers:
         _add_helpers(body, helpers)
     module = module.with_changes(body=body)

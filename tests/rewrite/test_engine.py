@@ -101,6 +101,36 @@ def test_insertions_helpers_and_imports(rules):
     assert result.diagnostics == []
 
 
+class AskTwiceUseOnce(Rule):
+    """Asks for two helpers at each call, then writes only the first: the other must not reach the file."""
+
+    code = "MF994"
+    name = "test-helpers"
+    summary = "test rule"
+
+    def leave_Call(self, original, updated):
+        if not self.ctx.matches(original.func, FSDP):
+            return updated
+        self.ctx.mark_handled(original.func)
+        self.ctx.add_helper("fsdp2_load_state_dict")  # a path another rule would have replaced
+        used = self.ctx.add_helper("fsdp2_set_optimizer_state_dict")
+        return cst.Call(cst.Name(used), updated.args)
+
+
+def test_only_helpers_the_code_names_are_written_with_those_they_name(rules):
+    result = run(
+        """\
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        FSDP(model, optim, state)
+        """,
+        rules(AskTwiceUseOnce),
+    )
+    defined = [line.split("(")[0] for line in result.code.splitlines() if line.startswith("def ")]
+    # the one written, and the two it calls; not the helper asked for and never named
+    assert sorted(defined) == ["def fsdp1_unshared_steps", "def fsdp2_reshard", "def fsdp2_set_optimizer_state_dict"]
+
+
 def test_import_merges_into_existing_parenthesised_import(rules):
     result = run(
         """\
