@@ -32,8 +32,6 @@ def test_the_rewrite_uses_every_helper_file():
         clip_grad_norm,
         fsdp_modules,
         no_sync,
-        optim_state_dict,
-        state_dict_type,
         state_dicts,
     )
 
@@ -55,13 +53,13 @@ def test_the_rewrite_uses_every_helper_file():
         clip_grad_norm.ANY_MODULE_HELPER,
         fsdp_modules.HELPER_NAME,
         no_sync.HELPER_NAME,
-        optim_state_dict.LATER_HELPER,
-        optim_state_dict.LOAD_HELPER,
+        state_dicts.OPTIM_LATER_HELPER,
+        state_dicts.OPTIM_LOAD_HELPER,
         "fsdp1_unshared_steps",  # inserted with it
         state_dicts.GATHER_HELPER_NAME,
         state_dicts.FULL_KIND_HELPER,
-        state_dict_type.ANY_MODULE_SAVE_HELPER,
-        state_dict_type.ANY_MODULE_LOAD_HELPER,
+        state_dicts.ANY_MODULE_SAVE_HELPER,
+        state_dicts.ANY_MODULE_LOAD_HELPER,
         reshard.HELPER_NAME,
     }
     assert used == set(NAMES)

@@ -64,22 +64,25 @@ def _table_of_parameters(ctx, name: cst.Name) -> cst.BaseExpression | None:
 
 def binds(target: cst.BaseExpression, name: str) -> bool:
     """`for p in ...` or `for n, p in ...` binds `name` to the parameter."""
-    if isinstance(target, cst.Name):
-        return target.value == name
-    if isinstance(target, cst.Tuple) and len(target.elements) == 2:
-        last = target.elements[1].value
-        return isinstance(last, cst.Name) and last.value == name
-    return False
+    return _parameter_name(target) == name
 
 
 def loop_target(loop) -> str | None:
     """The parameter's name in `for p in ...` / `for n, p in ...`."""
-    target = loop.target
-    if isinstance(target, cst.Name):
-        return target.value
-    if isinstance(target, cst.Tuple) and len(target.elements) == 2 and isinstance(target.elements[1].value, cst.Name):
-        return target.elements[1].value.value
-    return None
+    return _parameter_name(loop.target)
+
+
+def _parameter_name(target: cst.BaseExpression) -> str | None:
+    if isinstance(target, cst.Tuple) and len(target.elements) == 2:
+        target = target.elements[1].value
+    return target.value if isinstance(target, cst.Name) else None
+
+
+def per_item(comprehension, loop: cst.CompFor) -> list:
+    """What `comprehension` evaluates for each item of its `loop`: the element (a dict's key and value) and the
+    loop's filters."""
+    parts = [comprehension.key, comprehension.value] if isinstance(comprehension, cst.DictComp) else [comprehension.elt]
+    return [*parts, *(test.test for test in loop.ifs)]
 
 
 def handed_in(ctx, model) -> bool:

@@ -415,9 +415,7 @@ class WrapCall(Rule):
             return updated
         setup = self._setup_at.get(id(original))
         if setup:  # the definition makes way for the setup built from it
-            comments = [line for line in updated.leading_lines if line.comment is not None]
-            first = setup[0].with_changes(leading_lines=[*comments, *setup[0].leading_lines])
-            return cst.FlattenSentinel([first, *setup[1:]])
+            return _in_place_of(updated, setup)
         self._dropped[id(updated)] = updated
         return updated
 
@@ -429,8 +427,7 @@ class WrapCall(Rule):
     def leave_If(self, original, updated):
         setup = self._setup_at.get(id(original))
         if setup and id(original) in self._removed:  # the last `if` filling the dict makes way for the setup
-            comments = [line for line in updated.leading_lines if line.comment is not None]
-            return cst.FlattenSentinel([setup[0].with_changes(leading_lines=[*comments, *setup[0].leading_lines]), *setup[1:]])
+            return _in_place_of(updated, setup)
         if setup:
             return cst.FlattenSentinel([updated, *setup])
         if id(original) in self._removed:  # an `if` that only filled a removed kwargs dict
@@ -515,6 +512,12 @@ _SETUP_ARGUMENTS = ("sharding_strategy", "process_group", "device_mesh", "device
 
 def _setup_nodes(plan: Plan) -> list:
     return [*plan.before, *(node for node in (plan.mesh, plan.sharding) if node is not None)]
+
+
+def _in_place_of(statement, setup: list) -> cst.FlattenSentinel:
+    """`setup` where `statement` stood, under the comments above it."""
+    comments = [line for line in statement.leading_lines if line.comment is not None]
+    return cst.FlattenSentinel([setup[0].with_changes(leading_lines=[*comments, *setup[0].leading_lines]), *setup[1:]])
 
 
 def _member_name(ctx, reference) -> str | None:

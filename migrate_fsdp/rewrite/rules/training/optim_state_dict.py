@@ -30,6 +30,8 @@ from migrate_fsdp.rewrite.rules.training.base import bind, literal_bool
 from migrate_fsdp.rewrite.analysis.models import assignments_of
 from migrate_fsdp.rewrite.rules.training.state_dicts import (
     ADVICE,
+    OPTIM_LATER_HELPER,
+    OPTIM_LOAD_HELPER,
     DEFAULT_SETTINGS,
     FULL,
     OPTIM_SIGNATURES,
@@ -50,8 +52,6 @@ _LOADERS = {
     "scatter_full_optim_state_dict": (("full_optim_state_dict", "model", "optim_input", "optim", "group"), FULL, True),
     "flatten_sharded_optim_state_dict": (("sharded_optim_state_dict", "model", "optim"), SHARDED, False),
 }
-LOAD_HELPER = "fsdp2_set_optimizer_state_dict"
-LATER_HELPER = "fsdp2_optim_state_dict_to_load"
 _TO_LOAD = OPTIM_SIGNATURES["optim_state_dict_to_load"]
 _TO_LOAD_LEGACY = ("optim_state_dict", "model", "optim", "is_named_optimizer", "load_directly", "group")
 
@@ -343,13 +343,13 @@ class OptimStateDict(UsesStateDictPlan):
         if mode == "later":
             args = [self._arg(original, updated, bound, name) for name in ("model", "optim")] + [state]
             options = build.options(full_state_dict=build.full_state_dict(kind), broadcast_from_rank0=broadcast)
-            return build.helper_call(LATER_HELPER, args, options)
+            return build.helper_call(OPTIM_LATER_HELPER, args, options)
         model = self._arg(original, updated, bound, "model")
         optim_node = self._arg(original, updated, bound, "optim") if "optim" in bound else optim
         options = build.options(full_state_dict=build.full_state_dict(kind), broadcast_from_rank0=broadcast)
         # FSDP1's load took what FSDP2's setter does not (shared `step` tensors, param-group settings the
         # optimizer lacks): the helper says how
-        call = build.helper_call(LOAD_HELPER, [model, optim_node, state], options)
+        call = build.helper_call(OPTIM_LOAD_HELPER, [model, optim_node, state], options)
         if mode == "nested":
             outer = stack[-3]
             self._nested[id(outer)] = call

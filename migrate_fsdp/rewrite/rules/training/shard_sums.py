@@ -13,7 +13,7 @@ FSDP1, reported at the loop; with FSDP2, sum `p.to_local()` /
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.analysis.parameter_loops import handed_in, loop_target, parameters_of
+from migrate_fsdp.rewrite.analysis.parameter_loops import handed_in, loop_target, parameters_of, per_item
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule
 from migrate_fsdp.rewrite.syntax import walk
 
@@ -41,10 +41,8 @@ class ShardSums(TrainingRule):
 
     def leave_CompFor(self, original: cst.CompFor, updated):
         comprehension = self.ctx.stack[-2] if len(self.ctx.stack) >= 2 else None
-        if isinstance(comprehension, cst.DictComp):
-            self._check(original, [comprehension.key, comprehension.value, *(test.test for test in original.ifs)])
-        elif isinstance(comprehension, (cst.ListComp, cst.SetComp, cst.GeneratorExp)):
-            self._check(original, [comprehension.elt, *(test.test for test in original.ifs)])
+        if isinstance(comprehension, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
+            self._check(original, per_item(comprehension, original))
         return updated
 
     def _check(self, loop, scopes: list) -> None:

@@ -25,6 +25,8 @@ from migrate_fsdp.rewrite.rules.construction.codegen import call
 from migrate_fsdp.rewrite.rules.training.base import code_of
 from migrate_fsdp.rewrite.rules.training.state_dicts import (
     ADVICE,
+    ANY_MODULE_LOAD_HELPER,
+    ANY_MODULE_SAVE_HELPER,
     DEFAULT_SETTINGS,
     Builder,
     UsesStateDictPlan,
@@ -33,8 +35,6 @@ from migrate_fsdp.rewrite.rules.training.state_dicts import (
 )
 
 _FSDP = "torch.distributed.fsdp"
-ANY_MODULE_SAVE_HELPER = "fsdp2_state_dict"
-ANY_MODULE_LOAD_HELPER = "fsdp2_load_state_dict"
 # Names that only make sense as FSDP1 state-dict settings.
 _SETTING_NAMES = tuple(
     f"{_FSDP}.{name}"
@@ -170,8 +170,7 @@ class StateDictType(UsesStateDictPlan):
         strict_value = updated.args[original.args.index(strict)].value if strict is not None else None
         if full is True and not isinstance(self.ctx.stack[-2], cst.Expr):
             # its result read (`missing_keys`): set_model_state_dict lists no key missing in a full load
-            helper = self.ctx.add_helper(ANY_MODULE_LOAD_HELPER)
-            return call(helper, model, state) if strict is None else call(helper, model, state, strict=strict_value)
+            return self._load_helper_call(model, state, strict_value)
         options = build.options(full_state_dict=full, strict=strict_value)
         return build.call("set_model_state_dict", [model, state], options)
 
@@ -189,10 +188,12 @@ class StateDictType(UsesStateDictPlan):
         if what == "save":
             return call(self.ctx.add_helper(ANY_MODULE_SAVE_HELPER), model)
         state = updated.args[original.args.index(_state_arg(original))].value
+        return self._load_helper_call(model, state, updated.args[original.args.index(strict)].value if strict is not None else None)
+
+    def _load_helper_call(self, model, state, strict) -> cst.Call:
+        """`fsdp2_load_state_dict(model, state[, strict=...])`: FSDP1's load, as the helper says."""
         helper = self.ctx.add_helper(ANY_MODULE_LOAD_HELPER)
-        if strict is None:
-            return call(helper, model, state)
-        return call(helper, model, state, strict=updated.args[original.args.index(strict)].value)
+        return call(helper, model, state) if strict is None else call(helper, model, state, strict=strict)
 
     def _not_a_model(self, receiver) -> bool:
         """`receiver` is known not to be a wrapped model (built by a call of no model, a DDP model), or is named

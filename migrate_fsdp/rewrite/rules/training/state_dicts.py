@@ -607,11 +607,15 @@ class UsesStateDictPlan(RemovesStatements):
 # ----- building the FSDP2 calls ----------------------------------------------------------
 
 GATHER_HELPER_NAME = "fsdp2_full_state_dict"
+ANY_MODULE_SAVE_HELPER = "fsdp2_state_dict"
+ANY_MODULE_LOAD_HELPER = "fsdp2_load_state_dict"
+OPTIM_LOAD_HELPER = "fsdp2_set_optimizer_state_dict"
+OPTIM_LATER_HELPER = "fsdp2_optim_state_dict_to_load"
 # The rewrite's own calls a model is handed to in a state-dict block: none reads FSDP1's setting.
 _REWRITE_HELPERS = frozenset(
     {
-        RESHARD_HELPER, GATHER_HELPER_NAME, "fsdp2_state_dict", "fsdp2_load_state_dict",
-        "fsdp2_set_optimizer_state_dict", "fsdp2_optim_state_dict_to_load",
+        RESHARD_HELPER, GATHER_HELPER_NAME, ANY_MODULE_SAVE_HELPER, ANY_MODULE_LOAD_HELPER, OPTIM_LOAD_HELPER,
+        OPTIM_LATER_HELPER,
     }
 )
 

@@ -30,6 +30,7 @@ other uses of the model inside) is reported with the DTensor way to do it.
 import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.models import SUMMON_FULL_PARAMS
+from migrate_fsdp.rewrite.analysis.parameter_loops import per_item
 from migrate_fsdp.rewrite.reshard import HELPER_NAME as RESHARD_HELPER
 from migrate_fsdp.rewrite.reshard import reshards
 from migrate_fsdp.rewrite.rules.construction.codegen import statements
@@ -200,8 +201,7 @@ class SummonFullParams(RemovesStatements):
                 return "the comprehension is not a plain one over the parameters"
             problem = self._check_reads(comprehension, target, allow_exit=True)
             if problem is None:
-                parts = [comprehension.elt] if not isinstance(comprehension, cst.DictComp) else [comprehension.key, comprehension.value]
-                self._note_sizing(loop, [*parts, *(test.test for test in loop.ifs)], target)
+                self._note_sizing(loop, per_item(comprehension, loop), target)
             return problem
         return "the parameters are not iterated by a loop at the top of the block (every rank must gather them)"
 
