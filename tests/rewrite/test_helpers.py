@@ -32,6 +32,7 @@ def test_the_rewrite_uses_every_helper_file():
         clip_grad_norm,
         fsdp_modules,
         no_sync,
+        shard_sums,
         state_dicts,
     )
 
@@ -61,6 +62,7 @@ def test_the_rewrite_uses_every_helper_file():
         state_dicts.ANY_MODULE_SAVE_HELPER,
         state_dicts.ANY_MODULE_LOAD_HELPER,
         reshard.HELPER_NAME,
+        shard_sums.HELPER,
     }
     assert used == set(NAMES)
 
@@ -363,3 +365,20 @@ def test_module_clip_grad_norm_leaves_a_module_fsdp2_did_not_shard_to_its_own_me
 
     model = OwnClip()
     assert helper("fsdp2_module_clip_grad_norm_")(model, 1.0, 1.0) == 3.0 and model.called == (1.0, 1.0)
+
+
+def test_local_reads_a_dtensors_shard_and_leaves_any_other_tensor():
+    from torch.distributed.tensor import DTensor, Replicate, init_device_mesh
+
+    local = helper("fsdp2_local")
+    plain = torch.arange(4.0)
+    assert local(plain) is plain
+    started = not torch.distributed.is_initialized()
+    if started:
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        shard = DTensor.from_local(plain, init_device_mesh("cpu", (1,)), [Replicate()])
+        assert not isinstance(local(shard), DTensor) and torch.equal(local(shard), plain)
+    finally:
+        if started:
+            torch.distributed.destroy_process_group()

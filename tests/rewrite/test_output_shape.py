@@ -283,3 +283,39 @@ def test_a_new_import_joins_its_packages_section_not_the_projects_own():
             from common import setup_model"""
         )
     )
+
+
+def test_a_method_call_made_a_helper_call_keeps_its_arguments_a_line_each():
+    out = rewrite(
+        """\
+        import torch
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+
+        def main(path):
+            model = FSDP(torch.nn.Linear(4, 4), device_id=torch.device("cpu"))
+            missing, unexpected = model.load_state_dict(
+                torch.load(
+                    path,
+                    map_location="cpu",
+                ),
+                strict=False,
+            )
+            return missing
+        """
+    )
+    assert textwrap.indent(
+        textwrap.dedent(
+            """\
+            missing, unexpected = fsdp2_load_state_dict(
+                model,
+                torch.load(
+                    path,
+                    map_location="cpu",
+                ),
+                strict=False,
+            )
+            """
+        ),
+        "    ",
+    ) in out

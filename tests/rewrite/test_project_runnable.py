@@ -134,3 +134,22 @@ def test_a_state_dict_type_set_for_good_that_nothing_reads_goes(tmp_path):
     for name, tensor in saved["before"].items():
         assert torch.equal(saved["after"][name], tensor), name
     assert "set_state_dict_type" not in (SETUP_SETS_TYPE / "after" / "dit" / "setup.py").read_text()
+
+
+GRAD_NORM_MODULE = FIXTURES / "projects" / "grad_norm_module"
+
+
+@pytest.mark.parametrize("flags", [(), ("--data_parallel", "sdp")], ids=["full_shard", "shard_grad_op"])
+def test_norms_summed_over_shards_by_hand_give_fsdp1s_numbers(tmp_path, flags):
+    """fixtures/projects/grad_norm_module: a metrics module sums each rank's squared gradients and parameters and
+    all-reduces the sums (MF216); the gradient norm clips by scaling, the parameter norm is read after an evaluation.
+    FSDP2's local shards split the elements otherwise, so the sums agree to rounding."""
+    old_steps, old = _run(tmp_path, GRAD_NORM_MODULE, "before", "train.py", "model.pt", *flags)
+    new_steps, new = _run(tmp_path, GRAD_NORM_MODULE, "after", "train.py", "model.pt", *flags)
+    assert len(old_steps) == len(new_steps) == 4
+    for old_line, new_line in zip(old_steps, new_steps):
+        old_numbers, new_numbers = [float(w) for w in old_line.split()[1::2]], [float(w) for w in new_line.split()[1::2]]
+        assert new_numbers == pytest.approx(old_numbers, rel=1e-5)
+    assert sorted(new) == sorted(old)
+    for name, tensor in old.items():
+        torch.testing.assert_close(new[name], tensor, rtol=1e-5, atol=1e-6)

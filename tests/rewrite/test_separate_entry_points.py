@@ -62,3 +62,56 @@ def test_scripts_importing_one_module_may_meet_there():
     staying = b"from shared import unwrap\n" + STAYING.replace(b"diffusion.train(model)", b"diffusion.train(unwrap(model))")
     out = _rewrite({"imagenet/train.py": importing, "t2i/train.py": staying, "shared.py": SHARED})
     assert "FSDP(net" in out["t2i/train.py"] and "FSDP(net" in out["imagenet/train.py"]
+
+
+DIT_TRAIN = b'''import diffusion
+import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from grad_norm import grad_norm
+
+
+def setup_fsdp_sync(net) -> FSDP:
+    return FSDP(net, device_id=torch.device("cpu"))
+
+
+def main(net):
+    model = setup_fsdp_sync(net)  # other ranks get the weights in setup_fsdp_sync
+    print(f"model:\\n{model}")
+    diffusion.train(model)
+    print(grad_norm(model))
+
+
+if __name__ == "__main__":
+    main(torch.nn.Linear(4, 4))
+'''
+
+SQUARES = b'''import torch
+import torch.distributed as dist
+
+
+def grad_norm(model):
+    norm_sq = torch.zeros(())
+    for p in model.parameters():
+        norm_sq += p.grad.norm() ** 2
+    dist.all_reduce(norm_sq)
+    return norm_sq.sqrt()
+'''
+
+
+def test_programs_side_by_side_with_modules_of_one_name_convert_apart():
+    """Lumina-T2X's shape: directories of one repository, each a program of a `train.py` script and a `grad_norm.py`
+    it imports from its own directory, each script defining a factory of the same name. Where one directory's norm
+    stays FSDP1 (not a sum over elements), its model stays; the other's converts, though its model leaves sight (to a
+    library), for a module outside any package in another directory runs only with its own scripts."""
+    files = {
+        "a/train.py": DIT_TRAIN,
+        "a/grad_norm.py": SQUARES,
+        "b/train.py": DIT_TRAIN,
+        "b/grad_norm.py": SQUARES.replace(b".norm() ** 2", b".norm()"),
+    }
+    out = _rewrite(files)
+    assert "fully_shard(net" in out["a/train.py"]
+    assert "p.grad.to_local().norm() ** 2" in out["a/grad_norm.py"]
+    assert "FSDP(net" in out["b/train.py"]
+    assert "TODO(migrate-fsdp): MF216" in out["b/grad_norm.py"]

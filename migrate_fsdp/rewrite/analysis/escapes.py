@@ -227,7 +227,9 @@ def _read(
     if isinstance(parent, cst.IfExp) and parent.test is not name:  # `m.module if isinstance(m, FSDP) else m`
         _read(ctx, parent, ancestors[:-1], callees, seen, remotes, factory_in, returned, fsdp1_reads)
         return
-    if not isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.If, cst.BooleanOperation, cst.UnaryOperation, cst.Expr)):
+    # A test, or text for a log (`f"model:\n{model}"`, a repr, as `print` and `repr` take it).
+    tested = (cst.Comparison, cst.ComparisonTarget, cst.If, cst.BooleanOperation, cst.UnaryOperation, cst.Expr)
+    if not isinstance(parent, (*tested, cst.FormattedStringExpression)):
         raise Escape
 
 

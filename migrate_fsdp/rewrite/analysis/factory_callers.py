@@ -13,7 +13,9 @@ returning another's model (`def build(): return setup_model()`) is followed to
 its own callers, a few levels deep.
 """
 
+import io
 import re
+import tokenize
 from collections.abc import Mapping
 
 import libcst as cst
@@ -35,12 +37,14 @@ def factory_callers(
     word = re.compile(rb"\b" + re.escape(name.encode()) + rb"\b")
     found = []
     for caller, data in sources.items():
-        spelled = len(word.findall(data))
-        if not spelled:
+        if not word.search(data):
             continue
+        spelled = _spelled(data, name)
         ctx = remote_calls.context(caller)
         if ctx is None:
             return None
+        if caller != path and any(isinstance(s, cst.FunctionDef) and s.name.value == name for s in ctx.module.body):
+            continue  # a module defining its own function of that name (scripts of several programs in one tree)
         calls = 0
         for node, ancestors in walk(ctx.module):
             if not (isinstance(node, cst.Call) and _calls(ctx, node.func, name, caller, path, remote_calls)):
@@ -65,6 +69,14 @@ def factory_callers(
         if spelled != calls + declarations(ctx.module)[name]:
             return None  # named otherwise: passed as a callback, a method of the same name, a string
     return found
+
+
+def _spelled(data: bytes, name: str) -> int:
+    """How many times the code spells `name`; comments and strings (`# set up in setup_model`) do not count."""
+    try:
+        return sum(1 for token in tokenize.tokenize(io.BytesIO(data).readline) if token.type == tokenize.NAME and token.string == name)
+    except (tokenize.TokenError, SyntaxError):
+        return len(re.findall(rb"\b" + re.escape(name.encode()) + rb"\b", data))
 
 
 def _calls(ctx, func, name: str, caller: str, path: str, remote_calls: RemoteCalls) -> bool:

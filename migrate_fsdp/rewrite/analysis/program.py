@@ -22,6 +22,7 @@ wrong, so the rewrite runs in two steps:
    parsed tree with the verdict (`Gate`), so no file is parsed twice.
 """
 
+import posixpath
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -252,9 +253,11 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
     alongside_of: dict[str, set[str]] = {}
 
     def together(one: str, other: str) -> bool:
-        """Whether a model leaving sight from file `one` may run code of file `other`: any module may be; a script
-        that no file imports only in the processes it shares with `one` (one imports the other, or a third both)."""
-        if not runs_alone(other):
+        """Whether a model leaving sight from file `one` may run code of file `other`: any module of a package, or of
+        `one`'s own directory, may be; a script that no file imports, or a module outside any package in another
+        directory (importable only with that directory on sys.path: by its own scripts), only in the processes it
+        shares with `one` (one imports the other, or a third both)."""
+        if not runs_alone(other) and not _elsewhere_outside_packages(other, one, sources):
             return True
         for path in (one, other):
             if path not in alongside_of:
@@ -382,6 +385,16 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             verdicts[file.path].unreached = True
     _convert_settings(facts, verdicts, flow)
     return {path: verdict for path, verdict in verdicts.items() if verdict}
+
+
+def _elsewhere_outside_packages(path: str, one: str, sources: Mapping[str, bytes] | None) -> bool:
+    """`path` is a module outside any package (no `__init__.py` beside it) in another directory than `one`: only
+    code run with its directory on sys.path imports it (the directory's scripts: `from grad_norm import ...` in
+    each of several programs a repository holds)."""
+    directory = posixpath.dirname(path)
+    if sources is None or directory == posixpath.dirname(one):
+        return False
+    return posixpath.join(directory, "__init__.py") not in sources
 
 
 _MAIN_GUARD = re.compile(rb"""__name__\s*==\s*["']__main__["']""")

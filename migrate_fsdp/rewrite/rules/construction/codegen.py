@@ -160,6 +160,17 @@ def call(func: str, *args, **kwargs) -> cst.Call:
     return cst.Call(func=_node(func), args=with_commas(parts))
 
 
+def prepended(updated: cst.Call, func: str, *first) -> cst.Call:
+    """`func(first..., <the arguments of updated>)`: a method call made a function's (`model.load_state_dict(sd)`
+    -> `helper(model, sd)`), its arguments laid out as they were (one a line where they were)."""
+    opening = updated.whitespace_before_args
+    between = opening if isinstance(opening, cst.ParenthesizedWhitespace) else _SPACE
+    new = [cst.Arg(value=_node(arg), comma=cst.Comma(whitespace_after=between)) for arg in first]
+    if not updated.args:
+        new[-1] = new[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return updated.with_changes(func=_node(func), args=[*new, *updated.args])
+
+
 def with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
     """`args` separated by ", " (the last one without a comma)."""
     comma = cst.Comma(whitespace_after=_SPACE)

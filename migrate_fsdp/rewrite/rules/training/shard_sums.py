@@ -1,66 +1,136 @@
 """MF216: an FSDP model's parameters or gradients summed and all-reduced by hand: FSDP1 gave each rank its shard.
 
 Outside forward, FSDP1 showed `p` and `p.grad` of `model.parameters()` as this
-rank's shard (of a flat parameter, or a view of one), so the usual logging
-code summed their squares and `dist.all_reduce`d the sum to get the global
-norm. FSDP2's are DTensors: adding one to a plain tensor fails, all_reduce
-takes none, and a sum over DTensors is already global, so the all-reduce
-would count it once per rank. Such a function (a loop or comprehension over
-the parameters reading their values, and an all-reduce) keeps its model
-FSDP1, reported at the loop; with FSDP2, sum `p.to_local()` /
-`p.grad.to_local()`, or take `torch.nn.utils.get_total_norm`.
+rank's shard (of a flat parameter, or a view of one), so the usual logging and
+clipping code summed their squares and `dist.all_reduce`d the sum to get the
+global norm. FSDP2's are DTensors: adding one to a plain tensor fails,
+all_reduce takes none, and a sum over DTensors is already global, so the
+all-reduce would count it once per rank.
+
+Where every value read is a sum over the tensor's elements (`.pow(2).sum()`,
+`.norm() ** 2`, `.abs().sum()`), the shards' sums add up to the same total
+however the elements are split over the ranks, so FSDP2's local shard
+(`p.grad.to_local()`) gives the all-reduce what FSDP1's gave it. A model
+handed in from callers the program cannot all trace takes a helper that does
+that for a DTensor and leaves any other tensor as it is. Any other read (a sum
+of per-shard norms, a maximum, an in-place change) depends on how FSDP1 cut
+its flat parameters: reported at the loop, and the model stays FSDP1.
 """
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.reshard import reshard_before
 from migrate_fsdp.rewrite.analysis.parameter_loops import handed_in, loop_target, parameters_of, per_item
-from migrate_fsdp.rewrite.rules.training.base import TrainingRule
-from migrate_fsdp.rewrite.syntax import walk
+from migrate_fsdp.rewrite.rules.training.base import TrainingRule, code_of
+from migrate_fsdp.rewrite.syntax import dotted, walk
 
+HELPER = "fsdp2_local"
 _ALL_REDUCE = ("torch.distributed.all_reduce", "torch.distributed.distributed_c10d.all_reduce")
 # What a parameter answers the same from a shard or a DTensor, or that reads no value.
 _NOT_VALUES = frozenset(
     {"shape", "ndim", "dim", "size", "numel", "nelement", "dtype", "device", "requires_grad", "is_leaf", "name"}
 )
+_TENSOR_OF = ("grad", "data")  # `p.grad`, `p.data`, `p.grad.data`: the tensor whose shard is read
+# Methods giving a tensor of the same elements, each changed on its own: a sum of them still adds up over shards.
+_ELEMENTWISE = frozenset({"float", "double", "half", "bfloat16", "to", "detach", "abs", "square", "pow", "clone"})
+# Functions taking the tensor first, as spelled: a sum over all elements, or a norm.
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
+_FUNCTIONS = {"torch.sum": "sum", "torch.norm": "norm", "torch.linalg.norm": "norm", "torch.linalg.vector_norm": "norm"}
 
 
 class ShardSums(TrainingRule):
     code = "MF216"
     name = "shard-sums"
-    summary = "an FSDP model's parameters or gradients summed and all-reduced by hand: FSDP1's were shards, kept FSDP1"
+    summary = "sums of an FSDP model's parameters or gradients all-reduced by hand: FSDP1's were shards -> to_local()"
     # Gradient-norm helpers live in modules that may name no FSDP (a metrics module).
     tokens = ((b"parameters(", b"all_reduce"),)
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._reducing: dict[int, bool] = {}  # id(function or module) -> it calls all_reduce
+        self._loops: dict[int, _Local] = {}  # id(loop) -> how its reads take their shard, for the loops converted
 
-    def leave_For(self, original: cst.For, updated):
-        self._check(original, [original.body])
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        """Decided at the loop's iterable, which runs once before the loop: a reshard goes before the statement."""
+        stack = self.ctx.stack
+        loop = stack[-2] if len(stack) >= 2 else None
+        if isinstance(loop, (cst.For, cst.CompFor)) and loop.iter is original:
+            comprehension = next((n for n in reversed(stack[:-2]) if isinstance(n, _COMPREHENSIONS)), None) if isinstance(loop, cst.CompFor) else None
+            scopes = per_item(comprehension, loop) if comprehension is not None else [loop.body]
+            local = self._local(loop, scopes)
+            if local is not None:
+                self._loops[id(comprehension if comprehension is not None else loop)] = local
         return updated
 
-    def leave_CompFor(self, original: cst.CompFor, updated):
-        comprehension = self.ctx.stack[-2] if len(self.ctx.stack) >= 2 else None
-        if isinstance(comprehension, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
-            self._check(original, per_item(comprehension, original))
-        return updated
+    def leave_For(self, original: cst.For, updated: cst.For):
+        local = self._loops.get(id(original))
+        return updated if local is None else updated.with_changes(body=_LocalShards(local).visit_parts(updated.body))
 
-    def _check(self, loop, scopes: list) -> None:
+    def leave_ListComp(self, original, updated):
+        return self._comprehension(original, updated)
+
+    def leave_SetComp(self, original, updated):
+        return self._comprehension(original, updated)
+
+    def leave_GeneratorExp(self, original, updated):
+        return self._comprehension(original, updated)
+
+    def leave_DictComp(self, original, updated):
+        return self._comprehension(original, updated)
+
+    def _comprehension(self, original, updated):
+        local = self._loops.get(id(original))
+        return updated if local is None else _LocalShards(local).visit_parts(updated)
+
+    def _local(self, loop, scopes: list):
+        """How this loop's value reads of a converting model's parameters take the local shard: `.to_local()`, the
+        helper's name, or None (nothing to change, or reported)."""
         model = parameters_of(self.ctx, loop.iter)
         target = loop_target(loop)
-        if model is None or target is None or not self._all_reduces() or not _reads_values(scopes, target):
-            return
+        if model is None or target is None or not self._all_reduces():
+            return None
+        reads = _value_reads(scopes, target)
+        if not reads:
+            return None
         known = self.models.is_fsdp_model(model)
         if not known and not (handed_in(self.ctx, model) and self.ctx.program.may_build_fsdp1()):
-            return
+            return None
+        # A forward (an evaluation) may leave FSDP2's root unsharded, its parameters plain tensors, where FSDP1's
+        # were shards again: a read of parameters (not gradients) reshards first.
+        unsharded = any(_is_parameter(tensor) for tensor, _ in reads)
+        if all(_summed(tensor, parents) for tensor, parents in reads) and (self.ctx.can_insert_statements() or not unsharded):
+            if known and not self.fsdp2_ahead(model):
+                return None  # reported there
+            local = _Local(target) if known else self._any_model(model, target)
+            if local is not None:
+                if unsharded:
+                    reshard_before(self.ctx, model)
+                return local
+        blocking = next((_chain(tensor, parents) for tensor, parents in reads if not _summed(tensor, parents)), None)
+        why = (
+            f"`{code_of(self.ctx, blocking)}` is no sum over the elements, which FSDP1's flat shards and FSDP2's "
+            "local shards split otherwise"
+            if blocking is not None
+            else "a reshard would have to go before a statement that is not in a block"
+        )
         self.ctx.report(
             model,
             self.code,
-            f"`{self.ctx.code(model)}`'s parameters summed here and all-reduced by hand: FSDP1 gave each rank its "
-            "shard, FSDP2 gives DTensors (whose sums are global already); kept FSDP1. With FSDP2 sum "
-            "`p.to_local()` / `p.grad.to_local()` before the all-reduce",
+            f"`{self.ctx.code(model)}`'s parameters read here and all-reduced by hand: {why}; kept FSDP1",
             fsdp1_only=not known,  # a model handed in: the ones its callers give stay with it
         )
+        return None
+
+    def _any_model(self, model, target: str) -> "_Local | None":
+        """How the reads of a model handed in take their shard: as those of a known model where every model reaching
+        them converts, else through the helper (it serves any tensor); None where no converting model reaches them."""
+        program = self.ctx.program
+        if self.ctx.dual_versions.holds(self.ctx.stack):
+            return None
+        program.use(model, self.code, tuple(self.ctx.stack), dispatchable=True)
+        if program.traced(model):
+            return _Local(target)
+        return _Local(target, self.ctx.add_helper(HELPER)) if program.dispatch(model) else None
 
     def _all_reduces(self) -> bool:
         """The function around (or the module) calls `dist.all_reduce`."""
@@ -74,17 +144,140 @@ class ShardSums(TrainingRule):
         return self._reducing[id(around)]
 
 
-def _reads_values(scopes: list, target: str) -> bool:
-    """The loop reads the values of parameter `target` or of its gradient, not only its size or whether it has one."""
+class _Local:
+    """The parameter's name and how a read of its shard is written (`helper(x)`, or `x.to_local()`)."""
+
+    def __init__(self, target: str, helper: str | None = None) -> None:
+        self.target = target
+        self.helper = helper
+
+    def of(self, tensor: cst.BaseExpression) -> cst.BaseExpression:
+        if self.helper is not None:
+            return cst.Call(func=cst.Name(self.helper), args=[cst.Arg(tensor)])
+        return cst.Call(func=cst.Attribute(value=tensor, attr=cst.Name("to_local")))
+
+
+class _LocalShards(cst.CSTTransformer):
+    """Each value read of the loop's parameter (or of its `.grad`) in the part given, read as the local shard."""
+
+    def __init__(self, local: _Local) -> None:
+        super().__init__()
+        self.local = local
+        self.tensors: set[int] = set()
+
+    def visit_parts(self, part):
+        self.tensors = {id(tensor) for tensor, _ in _value_reads([part], self.local.target)}
+        return part.visit(self)
+
+    def leave_Name(self, original, updated):
+        return self.local.of(updated) if id(original) in self.tensors else updated
+
+    def leave_Attribute(self, original, updated):
+        return self.local.of(updated) if id(original) in self.tensors else updated
+
+
+def _value_reads(scopes: list, target: str) -> list:
+    """(the tensor read, its parents) for each read of the values of parameter `target`, of its `.grad` or
+    `.data`, in `scopes`; not what only asks its size or whether it has a gradient."""
+    reads = []
     for node, parents in walk(*scopes):
-        if not (isinstance(node, cst.Name) and node.value == target):
+        if not (isinstance(node, cst.Name) and node.value == target) or _bound(node, parents):
             continue
-        parent = parents[-1] if parents else None
-        if isinstance(parent, cst.Attribute) and parent.value is node:
-            if parent.attr.value in _NOT_VALUES:
-                continue
-            above = parents[-2] if len(parents) >= 2 else None
-            if parent.attr.value == "grad" and isinstance(above, (cst.Comparison, cst.ComparisonTarget)):
-                continue  # `p.grad is not None`
-        return True
-    return False
+        tensor, above = node, list(parents)
+        while above and isinstance(above[-1], cst.Attribute) and above[-1].value is tensor and above[-1].attr.value in _TENSOR_OF:
+            tensor = above.pop()
+        parent = above[-1] if above else None
+        if isinstance(parent, cst.Attribute) and parent.value is tensor and parent.attr.value in _NOT_VALUES:
+            continue
+        if tensor is not node and isinstance(parent, (cst.Comparison, cst.ComparisonTarget)):
+            continue  # `p.grad is not None`
+        if _local_already(tensor, above):
+            continue
+        reads.append((tensor, tuple(above)))
+    return reads
+
+
+def _local_already(tensor, parents: list) -> bool:
+    """`x.to_local()` or `fsdp2_local(x)`: a shard read the rewrite wrote (a second run leaves it)."""
+    parent = parents[-1] if parents else None
+    if isinstance(parent, cst.Attribute):
+        return parent.value is tensor and parent.attr.value == "to_local"
+    call = parents[-2] if isinstance(parent, cst.Arg) and len(parents) >= 2 else None
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value.startswith(HELPER)
+
+
+def _chain(tensor, parents: tuple):
+    """The method chain the tensor read starts (`p.grad.norm()`), for messages."""
+    current = tensor
+    for parent in reversed(parents):
+        if not (isinstance(parent, cst.Attribute) and parent.value is current or isinstance(parent, cst.Call) and parent.func is current):
+            break
+        current = parent
+    return current
+
+
+def _is_parameter(tensor) -> bool:
+    """`p` or `p.data`, not a gradient."""
+    while isinstance(tensor, cst.Attribute) and tensor.attr.value == "data":
+        tensor = tensor.value
+    return isinstance(tensor, cst.Name)
+
+
+def _bound(node, parents) -> bool:
+    """`node` is (in) the target a loop binds."""
+    below = [*parents[1:], node]
+    return any(isinstance(loop, (cst.For, cst.CompFor)) and loop.target is child for loop, child in zip(parents, below))
+
+
+def _summed(tensor, parents: tuple) -> bool:
+    """The tensor read under `parents` only enters a sum over its elements, changed one by one first: `.sum()`,
+    `torch.sum(...)`, a 2-norm squared. Such sums over shards add up to the sum over the whole tensor."""
+    above = list(parents)
+    current, node = tensor, above.pop() if above else None
+    while True:  # elementwise: `.float()`, `.pow(2)`, `** 2`
+        if isinstance(node, cst.Attribute) and node.value is current and node.attr.value in _ELEMENTWISE:
+            call = above.pop() if above else None
+            if not (isinstance(call, cst.Call) and call.func is node):
+                return False
+            current = call
+        elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Power) and node.left is current:
+            if not isinstance(node.right, cst.BaseNumber):
+                return False
+            current = node
+        else:
+            break
+        node = above.pop() if above else None
+    if isinstance(node, cst.Attribute) and node.value is current and node.attr.value in ("sum", "norm"):
+        call, first = above.pop() if above else None, 0
+        if not (isinstance(call, cst.Call) and call.func is node):
+            return False
+        reduction = node.attr.value
+    elif isinstance(node, cst.Arg) and node.value is current:
+        call, first = above.pop() if above else None, 1
+        if not (isinstance(call, cst.Call) and call.args and call.args[0] is node):
+            return False
+        reduction = _FUNCTIONS.get(dotted(call.func))
+    else:
+        return False
+    if reduction == "sum":
+        return all(arg.keyword is not None and arg.keyword.value == "dtype" for arg in call.args[first:])
+    return reduction == "norm" and _squared_2_norm(call, above[-1] if above else None, first)
+
+
+def _squared_2_norm(call: cst.Call, parent, first: int) -> bool:
+    """`norm(...) ** 2` of the 2-norm (the default) over all elements."""
+    squared = (
+        isinstance(parent, cst.BinaryOperation)
+        and isinstance(parent.operator, cst.Power)
+        and parent.left is call
+        and isinstance(parent.right, cst.Integer)
+        and parent.right.value == "2"
+    )
+    if not squared:
+        return False
+    for index, arg in enumerate(call.args[first:]):
+        keyword = arg.keyword.value if arg.keyword is not None else ("p" if index == 0 else None)
+        order = arg.value.value if isinstance(arg.value, (cst.Integer, cst.Float)) else None
+        if keyword != "dtype" and not (keyword in ("p", "ord") and order is not None and float(order) == 2):
+            return False
+    return True

@@ -21,7 +21,7 @@ reported.
 import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.models import Kind
-from migrate_fsdp.rewrite.rules.construction.codegen import call
+from migrate_fsdp.rewrite.rules.construction.codegen import call, prepended
 from migrate_fsdp.rewrite.rules.training.base import code_of
 from migrate_fsdp.rewrite.rules.training.state_dicts import (
     ADVICE,
@@ -170,7 +170,7 @@ class StateDictType(UsesStateDictPlan):
         strict_value = updated.args[original.args.index(strict)].value if strict is not None else None
         if full is True and not isinstance(self.ctx.stack[-2], cst.Expr):
             # its result read (`missing_keys`): set_model_state_dict lists no key missing in a full load
-            return self._load_helper_call(model, state, strict_value)
+            return self._load_helper_call(updated)
         options = build.options(full_state_dict=full, strict=strict_value)
         return build.call("set_model_state_dict", [model, state], options)
 
@@ -183,17 +183,14 @@ class StateDictType(UsesStateDictPlan):
             return updated
         if not self.ctx.program.state_read(original.func):
             return updated
-        what, strict = shape
-        model = updated.func.value
-        if what == "save":
-            return call(self.ctx.add_helper(ANY_MODULE_SAVE_HELPER), model)
-        state = updated.args[original.args.index(_state_arg(original))].value
-        return self._load_helper_call(model, state, updated.args[original.args.index(strict)].value if strict is not None else None)
+        if shape[0] == "save":
+            return call(self.ctx.add_helper(ANY_MODULE_SAVE_HELPER), updated.func.value)
+        return self._load_helper_call(updated)
 
-    def _load_helper_call(self, model, state, strict) -> cst.Call:
-        """`fsdp2_load_state_dict(model, state[, strict=...])`: FSDP1's load, as the helper says."""
-        helper = self.ctx.add_helper(ANY_MODULE_LOAD_HELPER)
-        return call(helper, model, state) if strict is None else call(helper, model, state, strict=strict)
+    def _load_helper_call(self, updated: cst.Call) -> cst.Call:
+        """`fsdp2_load_state_dict(model, <the arguments>)` for `model.load_state_dict(<the arguments>)` (the helper
+        takes them by the same names): FSDP1's load, as the helper says."""
+        return prepended(updated, self.ctx.add_helper(ANY_MODULE_LOAD_HELPER), updated.func.value)
 
     def _not_a_model(self, receiver) -> bool:
         """`receiver` is known not to be a wrapped model (built by a call of no model, a DDP model), or is named
