@@ -18,9 +18,20 @@ _SPACE = cst.SimpleWhitespace(" ")
 
 
 class _Fill(cst.CSTTransformer):
+    """A template's placeholders filled, each value in parentheses only where it stands needs them."""
+
     def __init__(self, values: dict) -> None:
         super().__init__()
         self.values = values
+        self.parents: list = []
+
+    def on_visit(self, node) -> bool:
+        self.parents.append(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original, updated):
+        self.parents.pop()
+        return super().on_leave(original, updated)
 
     def leave_Name(self, original, updated):
         value = self.values.get(updated.value)
@@ -28,7 +39,18 @@ class _Fill(cst.CSTTransformer):
             return updated
         if updated.lpar:  # `(PLACEHOLDER)` in a template keeps its parentheses
             return value.with_changes(lpar=updated.lpar, rpar=updated.rpar)
+        parent = self.parents[-1] if self.parents else None
+        if isinstance(parent, _WHOLE) and not isinstance(value, cst.Tuple):
+            return value  # `if COND:`, `x = VALUE`, `f(ARG)`: nothing binds tighter around it
+        if isinstance(parent, cst.BooleanOperation):
+            return _operand(value, type(parent.operator))
+        if isinstance(parent, cst.Arg):
+            return parenthesized(value)  # `f(a, (x if c else y))` reads better so
         return grouped(value)
+
+
+# Where a placeholder stands as a whole expression: an `if` / `while` test, an assigned or returned value.
+_WHOLE = (cst.If, cst.While, cst.Assign, cst.AnnAssign, cst.Return, cst.Expr)
 
 
 # Expressions that need parentheses inside `a and X`, `X.attr`, `X(...)`.

@@ -98,20 +98,21 @@ class ShardSums(TrainingRule):
         # A forward (an evaluation) may leave FSDP2's root unsharded, its parameters plain tensors, where FSDP1's
         # were shards again: a read of parameters (not gradients) reshards first.
         unsharded = any(_is_parameter(tensor) for tensor, _ in reads)
-        if all(_summed(tensor, parents) for tensor, parents in reads) and (self.ctx.can_insert_statements() or not unsharded):
+        blocking = next((_chain(tensor, parents) for tensor, parents in reads if not _summed(tensor, parents)), None)
+        if blocking is None and (self.ctx.can_insert_statements() or not unsharded):
             if known and not self.fsdp2_ahead(model):
                 return None  # reported there
+            if not known and self.ctx.dual_versions.holds(self.ctx.stack):
+                return None  # code serving both versions is the user's
             local = _Local(target) if known else self._any_model(model, target)
-            if local is not None:
-                if unsharded:
-                    reshard_before(self.ctx, model)
-                return local
-        blocking = next((_chain(tensor, parents) for tensor, parents in reads if not _summed(tensor, parents)), None)
+            if local is not None and unsharded:
+                reshard_before(self.ctx, model)
+            return local
         why = (
             f"`{code_of(self.ctx, blocking)}` is no sum over the elements, which FSDP1's flat shards and FSDP2's "
             "local shards split otherwise"
             if blocking is not None
-            else "a reshard would have to go before a statement that is not in a block"
+            else "the parameters need a reshard first, and the loop is where no statement can go before it"
         )
         self.ctx.report(
             model,
@@ -125,8 +126,6 @@ class ShardSums(TrainingRule):
         """How the reads of a model handed in take their shard: as those of a known model where every model reaching
         them converts, else through the helper (it serves any tensor); None where no converting model reaches them."""
         program = self.ctx.program
-        if self.ctx.dual_versions.holds(self.ctx.stack):
-            return None
         program.use(model, self.code, tuple(self.ctx.stack), dispatchable=True)
         if program.traced(model):
             return _Local(target)
