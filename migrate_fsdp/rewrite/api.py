@@ -119,7 +119,22 @@ def rewrite_program(files: list[ParsedFile], sources: Mapping[str, bytes] | None
     by_path.update((file.path, file) for file in late)  # a file given but skipped keeps its place
     if failure is not None:
         return [left_unchanged(first[path][0], failure) for path in by_path]
-    return [file.rewrite(verdicts[path])[0] if path in verdicts else first[path][0] for path, file in by_path.items()]
+    results = [file.rewrite(verdicts[path])[0] if path in verdicts else first[path][0] for path, file in by_path.items()]
+    return whole_or_untouched(results)
+
+
+def whole_or_untouched(results: list[RewriteResult]) -> list[RewriteResult]:
+    """`results`, unless a bug of ours stopped the rewrite of a file of the program: its FSDP1 code may be a use of
+    models the other files convert, so nothing changes (a half-migrated program is worse than an untouched one). A
+    file that does not parse is no such risk: Python cannot run it either."""
+    broken = next((r for r in results if any(d.code == INTERNAL_ERROR for d in r.diagnostics)), None)
+    if broken is None or not any(r.changed for r in results):
+        return results
+    message = f"left unchanged with the rest of its program: an internal error in {broken.path}, whose FSDP1 code may use this file's models"
+    return [
+        RewriteResult(r.path, r.source, r.source, [Diagnostic(r.path, 1, 1, INTERNAL_ERROR, message)], r.encoding) if r.changed else r
+        for r in results
+    ]
 
 
 def decide_with_late_files(

@@ -46,7 +46,7 @@ TODO_REASONS = {
     "MF212": "FSDP1 name prefix left as is",
     "MF213": "checkpointing after FSDP1 wrapping",
     "MF214": "parameters changed under no_grad",
-    "MF215": "parameter shape read: FSDP1 gave flat ones",
+    "MF215": "parameter shape or name read: FSDP1's were flat",
     "MF216": "sum of FSDP1 shards all-reduced by hand",
     "MF900": "FSDP1 API with no automatic rewrite",
 }

@@ -18,7 +18,14 @@ import signal
 from multiprocessing import get_context
 
 from migrate_fsdp.lifeline import die_with_parent
-from migrate_fsdp.rewrite.api import ParsedFile, RewriteResult, decide_with_late_files, left_unchanged, rewrite_program
+from migrate_fsdp.rewrite.api import (
+    ParsedFile,
+    RewriteResult,
+    decide_with_late_files,
+    left_unchanged,
+    rewrite_program,
+    whole_or_untouched,
+)
 from migrate_fsdp.rewrite.diagnostics import Diagnostic
 from migrate_fsdp.rewrite.selection import INTERNAL_ERROR, Selection
 
@@ -62,7 +69,7 @@ def rewrite_files(
         for file in late:
             if file.path in verdicts:
                 results[file.path] = file.rewrite(verdicts[file.path])[0]
-        return [results[path] for path in [*(path for path, _ in jobs), *(f.path for f in late)]]
+        return whole_or_untouched([results[path] for path in [*(path for path, _ in jobs), *(f.path for f in late)]])
     finally:
         for pipe in pipes:
             pipe.close()

@@ -27,7 +27,7 @@ def helper(name):
 
 def test_the_rewrite_uses_every_helper_file():
     from migrate_fsdp.rewrite import reshard
-    from migrate_fsdp.rewrite.rules.construction import auto_wrap_policy, forward_prefetch, mesh, mixed_precision, settings_where_defined
+    from migrate_fsdp.rewrite.rules.construction import auto_wrap_policy, emit, forward_prefetch, mesh, mixed_precision, settings_where_defined
     from migrate_fsdp.rewrite.rules.training import (
         clip_grad_norm,
         fsdp_modules,
@@ -40,6 +40,8 @@ def test_the_rewrite_uses_every_helper_file():
         auto_wrap_policy.TARGETS_HELPER,
         auto_wrap_policy.SIZE_HELPER,
         auto_wrap_policy.OR_HELPER,
+        auto_wrap_policy.ORDER_HELPER,
+        emit.INIT_HELPER,
         forward_prefetch.HELPER,
         mesh.SHARDING_HELPER,
         mesh.SHARDING_OVER_HELPER,
@@ -382,3 +384,29 @@ def test_local_reads_a_dtensors_shard_and_leaves_any_other_tensor():
     finally:
         if started:
             torch.distributed.destroy_process_group()
+
+
+def test_wrap_order_is_fsdp1s_children_in_order_before_their_parents_each_once():
+    shared = nn.Linear(2, 2)
+    first = nn.Sequential(nn.Linear(2, 2), shared)
+    root = nn.Sequential(first, nn.Sequential(shared, nn.ReLU()))
+    order = helper("_fsdp1_wrap_order")(root)
+    assert order == [first[0], shared, first, root[1][1], root[1]]
+
+
+def test_param_init_runs_on_a_units_modules_breadth_first_only_where_it_has_meta_tensors():
+    with torch.device("meta"):
+        root = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2)))
+    seen = []
+
+    def init(module):
+        seen.append(module)
+        module.to_empty(device="cpu", recurse=False)
+
+    param_init = helper("fsdp1_param_init")
+    assert param_init(root, init) is root
+    assert seen == [root, root[0], root[1], root[1][0]]
+    assert not any(p.is_meta for p in root.parameters())
+    assert param_init(root, init) is root and len(seen) == 4  # nothing on meta any more
+    with torch.device("meta"), pytest.raises(NotImplementedError, match="param_init_fn is None"):
+        param_init(nn.Linear(2, 2), None)

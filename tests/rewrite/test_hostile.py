@@ -194,3 +194,33 @@ def test_a_bug_in_joining_the_program_leaves_every_file_unchanged(tmp_path, monk
     assert not result.changed
     assert [(d.path, d.code) for d in result.diagnostics] == [("a.py", "MF002"), ("b.py", "MF002")]
     assert all((tmp_path / name).read_text() == FSDP1_HEADER for name in ("a.py", "b.py"))
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_bug_in_one_file_leaves_its_whole_program_unchanged(tmp_path, monkeypatch, jobs):
+    """fms-fsdp's shape, where a bug of ours stopped the checkpointing module: the training scripts converted, and
+    the module left FSDP1 would have met their FSDP2 models. Every file of the program stays as it was."""
+    from migrate_fsdp.rewrite.rules.training import no_sync
+
+    converting = no_sync.NoSync.leave_Call
+
+    def broken(self, original, updated):
+        if self.ctx.path.endswith("steps.py"):
+            raise RuntimeError("boom")
+        return converting(self, original, updated)
+
+    monkeypatch.setattr(no_sync.NoSync, "leave_Call", broken)
+    (tmp_path / "steps.py").write_text(
+        "def step(model, batch):\n    with model.no_sync():\n        model(batch).sum().backward()\n"
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n\nfrom steps import step\n\n"
+        "model = FSDP(torch.nn.Linear(2, 2))\nstep(model, torch.ones(1, 2))\n"
+    )
+    before = {name: (tmp_path / name).read_text() for name in ("steps.py", "train.py")}
+    monkeypatch.chdir(tmp_path)
+    result = run(["."], Selection.from_prefixes(None, None), exclude=[], jobs=jobs, todo=True, write=True)
+    assert not result.changed
+    assert [(d.path, d.code) for d in result.diagnostics] == [("steps.py", "MF002"), ("train.py", "MF002")]
+    assert "left unchanged with the rest of its program: an internal error in steps.py" in result.diagnostics[1].message
+    assert {name: (tmp_path / name).read_text() for name in before} == before

@@ -32,6 +32,55 @@ def parameters_of(ctx, iterated, through_dict: bool = True) -> cst.BaseExpressio
     return None
 
 
+_PASSED_ON = ("builtins.list", "builtins.tuple", "builtins.sorted", "builtins.iter", "builtins.reversed")
+
+
+def parameters_source(ctx, iterated) -> cst.BaseExpression | None:
+    """`parameters_of`, also through what only passes the parameters on: `filter(f, model.parameters())`,
+    `list(model.parameters())`, a name assigned them once (`params = list(model.parameters())`), and `m.parameters()`
+    of each `m` in `model.modules()`."""
+    found = parameters_of(ctx, iterated)
+    if found is not None:
+        return found
+    if isinstance(iterated, cst.Call) and iterated.args and not any(a.star or a.keyword for a in iterated.args):
+        if ctx.matches(iterated.func, "builtins.filter") and len(iterated.args) == 2:
+            return parameters_source(ctx, iterated.args[1].value)
+        if ctx.matches(iterated.func, *_PASSED_ON):
+            return parameters_source(ctx, iterated.args[0].value)
+        func = iterated.func
+        if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters") and isinstance(func.value, cst.Name):
+            return _modules_of(ctx, func.value.value)
+    if isinstance(iterated, cst.Name):
+        value = _assigned_once(ctx, iterated)
+        return parameters_source(ctx, value) if value is not None else None
+    return None
+
+
+def _modules_of(ctx, name: str) -> cst.BaseExpression | None:
+    """The model whose `modules()` the innermost loop binding `name` walks."""
+    for node in reversed(ctx.stack):
+        if isinstance(node, LOOPS) and isinstance(node.target, cst.Name) and node.target.value == name:
+            call = node.iter
+            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "modules":
+                return call.func.value
+            return None
+    return None
+
+
+def _assigned_once(ctx, name: cst.Name) -> cst.BaseExpression | None:
+    """The value of the only assignment to `name` in its scope (a plain `name = value`)."""
+    scope = ctx.scope(name)
+    assignments = list(scope[name.value]) if scope is not None else []
+    if len(assignments) != 1:
+        return None
+    node = getattr(assignments[0], "node", None)
+    function = next((n for n in reversed(ctx.stack) if isinstance(n, (cst.FunctionDef, cst.Module))), None)
+    for statement, _ in walk(function.body if isinstance(function, cst.FunctionDef) else function):
+        if isinstance(statement, cst.Assign) and len(statement.targets) == 1 and statement.targets[0].target is node:
+            return statement.value
+    return None
+
+
 def _table_of_parameters(ctx, name: cst.Name) -> cst.BaseExpression | None:
     """The model whose parameters the dict `name` of the function around holds: built from them once
     (`{n: p for n, p in model.named_parameters()}`, `dict(model.named_parameters())`), and otherwise only
@@ -60,6 +109,26 @@ def _table_of_parameters(ctx, name: cst.Name) -> cst.BaseExpression | None:
             return None
         models.append(model)
     return models[0] if len(models) == 1 else None
+
+
+def model_named(ctx, name: str) -> cst.BaseExpression | None:
+    """The model whose parameter names the innermost loop (at the node visited) binding `name` walks: `for n, p in
+    model.named_parameters()` (or a dict of them) binds `n`."""
+    for node in reversed(ctx.stack):
+        if isinstance(node, LOOPS) and _binds_name(node.target, name):
+            call = node.iter
+            named = isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value != "parameters"
+            return parameters_of(ctx, call) if named else None
+    return None
+
+
+def _binds_name(target: cst.BaseExpression, name: str) -> bool:
+    return (
+        isinstance(target, cst.Tuple)
+        and len(target.elements) == 2
+        and isinstance(target.elements[0].value, cst.Name)
+        and target.elements[0].value.value == name
+    )
 
 
 def binds(target: cst.BaseExpression, name: str) -> bool:

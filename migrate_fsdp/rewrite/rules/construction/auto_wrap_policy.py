@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, expression, grouped, is_reevaluable, statements
-from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
+from migrate_fsdp.rewrite.rules.construction.plan import Initialiser, KeywordRule, Unconvertible
 
 WRAP = "torch.distributed.fsdp.wrap"
 PARTIAL = "functools.partial"
@@ -39,6 +39,7 @@ SIZE_HELPER = "_size_based_auto_wrap_policy"
 
 
 OR_HELPER = "_fsdp1_or_policy"
+ORDER_HELPER = "_fsdp1_wrap_order"  # units in FSDP1's wrapping order, where an initialising param_init_fn runs on each
 
 
 @dataclass
@@ -274,6 +275,8 @@ class AutoWrapPolicyRule(KeywordRule):
         condition = policy.condition(var)
         values["COND"] = condition
         loop_head = "for V in reversed(list(M.modules())):"
+        if isinstance(plan.param_init, Initialiser):  # it runs on each unit before sharding: FSDP1's order
+            loop_head = f"for V in {self.ctx.add_helper(ORDER_HELPER)}(M):"
         if full_precision is None:
             skipped = "V is not M" + (" and V not in SKIP" if skip is not None else "")
             test = skipped if _is_true(condition) else f"{skipped} and COND"

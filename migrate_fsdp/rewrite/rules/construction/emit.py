@@ -13,8 +13,11 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.layout import BLACK_LINE
 from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, expression, is_reevaluable, keyword, statements, with_commas
+from migrate_fsdp.rewrite.rules.construction.meta_init import ParamInit
 from migrate_fsdp.rewrite.rules.construction.mixed_precision import CAST_BUFFERS_HELPER, RunTime
+from migrate_fsdp.rewrite.rules.construction.plan import Initialiser
 
+INIT_HELPER = "fsdp1_param_init"  # an initialising param_init_fn, run before each fully_shard call
 # fully_shard's keyword order.
 _ORDER = ("mesh", "reshard_after_forward", "mp_policy", "offload_policy", "ignored_params")
 
@@ -37,7 +40,7 @@ def needs_after(plan, rules) -> list[str]:
     reasons = []
     if plan.sync_module_states:
         reasons.append("sync_module_states")
-    elif plan.param_init is not None:
+    elif isinstance(plan.param_init, ParamInit):
         reasons.append("param_init_fn")
     if plan.mixed_precision is not None and rules["MF104"].buffer_dtype(plan.mixed_precision) is not None:
         reasons.append("mixed_precision's buffer_dtype")
@@ -59,6 +62,7 @@ class Emitter:
         self.anchor = plan.site.node
         self.statements_allowed = plan.site.can_insert and not plan.site.in_lambda
         self.mixed_precision = plan.mixed_precision  # as the statements read it (a variable, once bound)
+        self.param_init_fn = plan.param_init.function if isinstance(plan.param_init, Initialiser) else None
 
     def _updated(self, original_arg: cst.Arg) -> cst.Arg:
         """The updated version of one of the original call's arguments."""
@@ -79,7 +83,7 @@ class Emitter:
             # At import no process group exists yet: a mesh or a sharding helper there would fail before training.
             at_import = not any(isinstance(n, (cst.FunctionDef, cst.Lambda)) for n in plan.site.stack)
             deferred = at_import and bool(setup or plan.mesh is not None or plan.sharding is not None)
-            if plan.has_children or needs_after(plan, rules) or deferred:
+            if plan.has_children or needs_after(plan, rules) or deferred or self.param_init_fn is not None:
                 return self._partial_function(fully_shard, setup, deferred)
             emission.before = setup
             emission.replacement = self._partial(fully_shard, setup)
@@ -133,6 +137,8 @@ class Emitter:
         if plan.sync_module_states:
             full_state_dict = self.names.fresh(self.anchor, "full_state_dict", "fsdp1_full_state_dict")
             per_call += rules["MF110"].before(plan, module, full_state_dict)
+        if self.param_init_fn is not None and plan.has_children and not is_reevaluable(self.param_init_fn):
+            self.param_init_fn = self._variable(setup, "param_init_fn", self.param_init_fn, "fsdp1_param_init_fn")
 
         per_call += self._buffer_cast(module, skip)
         if plan.has_children:
@@ -237,7 +243,7 @@ class Emitter:
             full_state_dict = self.names.fresh(self.anchor, "full_state_dict", "fsdp1_full_state_dict")
             buffer = self.names.fresh(self.anchor, "buffer", "fsdp_buffer")
             after += rules["MF110"].after(plan, module, full_state_dict, buffer)
-        elif plan.param_init is not None:
+        elif isinstance(plan.param_init, ParamInit):
             after += rules["MF110"].materialise(plan, module)
         if plan.forward_prefetch:
             after += rules["MF109"].statements(plan, module)
@@ -273,14 +279,21 @@ class Emitter:
             SKIP=skip[0] if skip else None,
         )
 
+    def _initialised(self, module: cst.BaseExpression) -> cst.BaseExpression:
+        """`module`, or `fsdp1_param_init(module, fn)`: an initialising param_init_fn runs on it before sharding."""
+        if self.param_init_fn is None:
+            return module
+        return call(self.ctx.add_helper(INIT_HELPER), module, self.param_init_fn)
+
     def _fully_shard(self, fully_shard: str, module, kwargs: dict, sharding) -> cst.Call:
-        node = call(fully_shard, module, **_ordered(kwargs))
+        node = call(fully_shard, self._initialised(module), **_ordered(kwargs))
         if sharding is not None:
             node = node.with_changes(args=with_commas([*node.args, cst.Arg(star="**", value=sharding)]))
         return node
 
     def _root_call(self, fully_shard: str, module_arg: cst.Arg, kwargs: dict, sharding) -> cst.Call:
         """The root's fully_shard call, laid out like the FSDP1 call (one argument a line stays so)."""
+        module_arg = module_arg.with_changes(value=self._initialised(module_arg.value))
         new_args = [module_arg] + [keyword(name, value) for name, value in _ordered(kwargs).items()]
         if sharding is not None:
             new_args.append(cst.Arg(star="**", value=sharding))

@@ -16,10 +16,12 @@ Without sync_module_states, a materialising `param_init_fn` becomes a
 `to_empty(recurse=False)` of each module still on meta after sharding, as
 FSDP1 called it on each such module before sharding: the weights are
 uninitialised either way until the program loads them (torchtune's meta-device
-init, then a full state dict). Anything else is reported: a `param_init_fn`
-that initialises weights (FSDP1 ran it on whole modules before sharding,
-FSDP2 would run it on shards: other values), or a module built on meta with
-no sync (FSDP1 materialised it with `reset_parameters()` behind the scenes).
+init, then a full state dict). A `param_init_fn` that initialises weights runs
+where FSDP1 ran it: on each unit's unsharded modules right before sharding it,
+the units in FSDP1's order, so it draws the same random numbers (emit.py,
+fsdp1_param_init). Reported: such a function with sync_module_states or ignored
+modules, or a module built on meta with no param_init_fn (FSDP1 materialised it
+with `reset_parameters()` behind the scenes).
 """
 
 import textwrap
@@ -29,7 +31,7 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.rules.construction.codegen import statements
 from migrate_fsdp.rewrite.rules.construction.flags import flag, guarded
-from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
+from migrate_fsdp.rewrite.rules.construction.plan import Initialiser, KeywordRule, Unconvertible
 from migrate_fsdp.rewrite.syntax import is_docstring
 
 _FLOW = (
@@ -43,6 +45,8 @@ class ParamInit:
     """A param_init_fn that only materialises meta tensors: `m.to_empty(device=DEVICE, recurse=False)`."""
 
     device: cst.BaseExpression
+
+
 
 
 class MetaInitRule(KeywordRule):
@@ -59,19 +63,22 @@ class MetaInitRule(KeywordRule):
                 raise Unconvertible(f"sync_module_states={self.ctx.code(argument.value)} uses other FSDP1 names")
             plan.sync_module_states = sync
         elif not self.analysis.is_none(value):
-            plan.param_init = self._materialiser(value) or argument
+            plan.param_init = self._materialiser(value) or Initialiser(value, argument)
             definition = self.analysis.function_definition(value) if isinstance(plan.param_init, ParamInit) else None
             if definition is not None:
                 plan.definitions.append(definition)  # the materialising `def` goes with the calls that read it
 
     def finish(self, plan) -> None:
         init = plan.param_init
-        if init is not None and not isinstance(init, ParamInit):
+        if isinstance(init, Initialiser) and (plan.sync_module_states is not False or plan.ignored is not None):
+            why = "with sync_module_states" if plan.sync_module_states is not False else "with ignored modules"
             raise Unconvertible(
-                f"param_init_fn={self.ctx.code(init.value)} initialises weights: FSDP1 ran it on whole modules before "
-                f"sharding, FSDP2 runs initialisation on shards (other values); {_FLOW}",
-                init.arg,
+                f"param_init_fn={self.ctx.code(init.argument.value)} initialises weights {why}: FSDP1 ran it on the "
+                f"unsharded modules of each unit before sharding, then synced or skipped some; {_FLOW}",
+                init.argument.arg,
             )
+        if isinstance(init, Initialiser):
+            return
         if plan.sync_module_states is False:
             if init is not None:
                 return  # materialised after sharding as FSDP1 did before it (materialise); the program loads the weights

@@ -65,7 +65,8 @@ class OptimStateDict(UsesStateDictPlan):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._nested: dict[int, cst.Call] = {}  # id(outer load_state_dict call) -> replacement
-        self._sharded_loads: dict[int, tuple] = {}  # id(FSDP1 sharded loader's line) -> (the line, its FSDP2 form)
+        self._sharded_loads: dict[int, list] = {}  # id(block holding an FSDP1 sharded loader's line) -> [(the line,
+        # its FSDP2 form, the model state taken for it)]
         self._to_expression: set[int] = set()  # `osd = loader(...)` lines that become a bare call
         self._removed: set[int] = set()  # the `optim.load_state_dict(osd)` lines those make redundant
         self._statement_loads: dict[str, set[int]] = {}  # optimizer -> ids of `osd` in `optimizer.load_state_dict(osd)` lines
@@ -157,7 +158,9 @@ class OptimStateDict(UsesStateDictPlan):
         sharded_load = None
         if self._from_sharded_loader(bound["optim_state_dict"].value):
             sharded_load = self._sharded_load(bound, settings)
-            if sharded_load is None:
+            if sharded_load is not None:
+                settings = sharded_load[3]
+            else:
                 return self._report(
                     original,
                     "its state comes from `load_sharded_optimizer_state_dict` (FSDP1's ShardedTensor form) other than "
@@ -170,18 +173,48 @@ class OptimStateDict(UsesStateDictPlan):
         result = self._load(original, updated, bound, settings.kind, broadcast, bound["optim"], load_directly)
         converted = result is not None or len(self._nested) > nested  # `optim.load_state_dict(FSDP...(...))` goes later
         if converted and sharded_load is not None:
-            line, replacement, model_state = sharded_load
-            self._sharded_loads[id(line)] = (line, replacement(), model_state)
+            line, replacement, model_state, _ = sharded_load
+            block = self._block_holding(line)
+            if block is None:  # cannot happen: the loader is bound in the function at hand
+                raise AssertionError("the sharded loader's line is not in a block around its use")
+            self._sharded_loads.setdefault(id(block), []).append((line, replacement(), model_state))
         return result
+
+    def _same_loader(self, statement, line) -> bool:
+        """`statement` is the loader's `line` as other rules left it: `osd = load_sharded_optimizer_state_dict(...)`
+        binding the same name (its arguments may have changed: `model.state_dict()` made FSDP2's)."""
+        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+            return False
+        new, old = statement.body[0], line.body[0]
+        if not (isinstance(new, cst.Assign) and isinstance(new.value, cst.Call) and len(new.targets) == 1):
+            return False
+        same_target = self.ctx.module.code_for_node(new.targets[0].target) == self.ctx.code(old.targets[0].target)
+        return same_target and self.ctx.module.code_for_node(new.value.func) == self.ctx.code(old.value.func)
+
+    def _block_holding(self, line):
+        """The block around the node being visited that holds `line`: as a statement of its own, or inside one of
+        its statements (a `with FSDP.state_dict_type(...)` block before it, spliced into it once converted)."""
+        blocks = [n for n in reversed(self.ctx.stack) if isinstance(n, (cst.IndentedBlock, cst.Module))]
+        for block in blocks:
+            if any(statement is line for statement in block.body):
+                return block
+        for block in blocks:
+            if any(node is line for node, _ in walk(*block.body)):
+                return block
+        return None
 
     def _sharded_load(self, bound, settings):
         """FSDP1's DCP resume, `osd = load_sharded_optimizer_state_dict(model_state_dict=..., optimizer_key=KEY,
         storage_reader=R)` then `FSDP.optim_state_dict_to_load(model, optim, osd[KEY])`: (the loader's line, a
         maker of its FSDP2 form, `osd = {KEY: get_optimizer_state_dict(model, optim)}` and `dcp.load(osd,
-        storage_reader=R)`), when `osd` is bound there only and read here only; None otherwise."""
+        storage_reader=R)`, the settings it loads under), when `osd` is bound there only and read here only; None
+        otherwise. The loader runs under SHARDED_STATE_DICT; the conversion may run there too, or after the block
+        with no type set (fms-fsdp): FSDP1 then loads the same state (measured)."""
         value = bound["optim_state_dict"].value
         model, optim = bound["model"].value, bound["optim"].value
-        if settings.kind != SHARDED or not isinstance(value, cst.Subscript) or not isinstance(value.value, cst.Name):
+        if settings.kind != SHARDED and settings is not DEFAULT_SETTINGS:
+            return None
+        if not isinstance(value, cst.Subscript) or not isinstance(value.value, cst.Name):
             return None
         if not (dotted(model) and dotted(optim)) or len(value.slice) != 1 or not isinstance(value.slice[0].slice, cst.Index):
             return None
@@ -197,6 +230,10 @@ class OptimStateDict(UsesStateDictPlan):
         key = loader["optimizer_key"].value
         if self.ctx.code(key) != self.ctx.code(value.slice[0].slice.value):
             return None
+        if settings.kind != SHARDED:
+            settings = self._settings_around(line, model)
+            if settings is None or settings.kind != SHARDED:
+                return None
         name = value.value.value
         model_state = self._model_state_only_for(loader, line)
 
@@ -209,7 +246,16 @@ class OptimStateDict(UsesStateDictPlan):
             readers = {k: loader[k].value for k in ("storage_reader", "planner") if k in loader}
             return [*statements(f"{name} = {{KEY: GET}}", KEY=key, GET=get), cst.SimpleStatementLine([cst.Expr(call(load, cst.Name(name), **readers))])]
 
-        return line, replacement, model_state
+        return line, replacement, model_state, settings
+
+    def _settings_around(self, line, model) -> Settings | None:
+        """The settings of the converted `with FSDP.state_dict_type(model, ...)` block holding `line`, if any."""
+        for context in self.plan.contexts:
+            statement = context.statement
+            if isinstance(statement, cst.With) and context.converted and context.model == dotted(model):
+                if any(node is line for node, _ in walk(statement.body)):
+                    return context.settings
+        return None
 
     def _model_state_only_for(self, loader, line) -> str | None:
         """The name of the model state dict taken on the line right before the loader's (`sd = model.state_dict()`)
@@ -238,15 +284,14 @@ class OptimStateDict(UsesStateDictPlan):
 
     def _replace_sharded_loads(self, original, updated):
         """The FSDP2 form of each FSDP1 sharded optimizer load of this block whose use converted (the load
-        comes first, so it changes once its block is left); the loader's line is unchanged, found by value."""
-        lines = [self._sharded_loads.pop(id(statement)) for statement in original.body if id(statement) in self._sharded_loads]
+        comes first, so it changes once its block is left); the loader's line is unchanged, found by value (its
+        `with` block gone, it is a statement of this block)."""
+        lines = self._sharded_loads.pop(id(original), [])
         if not lines:
             return updated
         body = list(updated.body)
         for line, replacement, model_state in lines:
-            index = next(i for i, statement in enumerate(body) if statement.deep_equals(line) or (
-                isinstance(statement, cst.SimpleStatementLine) and statement.body[0].deep_equals(line.body[0])
-            ))
+            index = next(i for i, statement in enumerate(body) if self._same_loader(statement, line))
             first = index - 1 if model_state is not None and index > 0 and _assigns(body[index - 1], model_state) else index
             replacement[0] = replacement[0].with_changes(leading_lines=body[first].leading_lines)
             body[first : index + 1] = replacement

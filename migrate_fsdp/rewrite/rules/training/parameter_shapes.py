@@ -16,12 +16,13 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.guards import in_summon
 from migrate_fsdp.rewrite.analysis.models import method_owner
-from migrate_fsdp.rewrite.analysis.parameter_loops import handed_in, model_iterated
-from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule
+from migrate_fsdp.rewrite.analysis.parameter_loops import handed_in, model_iterated, model_named
+from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, literal_bool
 from migrate_fsdp.rewrite.syntax import walk
 
 _SHAPE_ATTRIBUTES = ("ndim", "shape")
 _SHAPE_METHODS = ("dim", "size")
+_NAME_TESTS = ("endswith", "startswith")
 
 
 class ParameterShapes(TrainingRule):
@@ -34,6 +35,7 @@ class ParameterShapes(TrainingRule):
     tokens = (
         *FSDP2_TOKENS,
         *((b"parameters(", read, b"weight_decay") for read in (b".ndim", b".dim()", b".shape", b".size()")),
+        (b"named_parameters(", b"weight_decay"),
     )
 
     def leave_Attribute(self, original: cst.Attribute, updated):
@@ -43,6 +45,47 @@ class ParameterShapes(TrainingRule):
         if original.attr.value in _SHAPE_ATTRIBUTES or method:
             self._check(original, self.ctx.code(original) + ("()" if method else ""))
         return updated
+
+    def leave_Comparison(self, original: cst.Comparison, updated):
+        """`"bias" in n`, `n in no_decay` of a parameter name `n`: with use_orig_params=False FSDP1 named its flat
+        parameters (`..._flat_param`), FSDP2 names each parameter, so groups picked by name change."""
+        if len(original.comparisons) == 1 and isinstance(original.comparisons[0].operator, (cst.In, cst.NotIn)):
+            for side in (original.left, original.comparisons[0].comparator):
+                if isinstance(side, cst.Name):
+                    self._check_name(side, original)
+        return updated
+
+    def leave_Call(self, original: cst.Call, updated):
+        func = original.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _NAME_TESTS and isinstance(func.value, cst.Name):
+            self._check_name(func.value, original)
+        return updated
+
+    def _check_name(self, name: cst.Name, read) -> None:
+        if in_summon(self.ctx, self.ctx.stack):  # FSDP1 named each parameter there
+            return
+        model = model_named(self.ctx, name.value)
+        if model is None or not self.models.is_fsdp_model(model) or self._original_names(model):
+            return
+        if self.ctx.program.use(model, self.code, tuple(self.ctx.stack)) is not None:
+            return  # the model stays FSDP1 (or is FSDP2's already): the names are as before
+        self.ctx.report(
+            read,
+            self.code,
+            f"`{self.ctx.code(read)}` tests a parameter name of `{self.ctx.code(model)}`: FSDP1 with "
+            "use_orig_params=False named its flat parameters (`..._flat_param`), FSDP2 names each parameter, so what "
+            "this picks changes (no-decay groups now get the biases and norms)",
+        )
+
+    def _original_names(self, model) -> bool:
+        """Every FSDP(...) of this file reaching `model` passes use_orig_params=True: FSDP1 named each parameter."""
+        origins = self.models.origins(model, self.ctx.stack)
+        if origins is None or origins.untied or not origins.constructors:
+            return False
+        return all(
+            any(a.keyword is not None and a.keyword.value == "use_orig_params" and literal_bool(a.value) for a in c.args)
+            for c in origins.constructors
+        )
 
     def _check(self, read: cst.Attribute, shown: str) -> None:
         if not isinstance(read.value, cst.Name) or in_summon(self.ctx, self.ctx.stack):  # full parameters there

@@ -20,7 +20,8 @@ its flat parameters: reported at the loop, and the model stays FSDP1.
 import libcst as cst
 
 from migrate_fsdp.rewrite.reshard import reshard_before
-from migrate_fsdp.rewrite.analysis.parameter_loops import handed_in, loop_target, parameters_of, per_item
+from migrate_fsdp.rewrite.analysis.models import Kind
+from migrate_fsdp.rewrite.analysis.parameter_loops import loop_target, parameters_source, per_item
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule, code_of
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
@@ -51,6 +52,14 @@ class ShardSums(TrainingRule):
         self._loops: dict[int, _Local] = {}  # id(loop) -> how its reads take their shard, for the loops converted
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
+        self._iterable(original)
+        return updated
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name):
+        self._iterable(original)  # `for p in params:` of `params = list(model.parameters())`
+        return updated
+
+    def _iterable(self, original) -> None:
         """Decided at the loop's iterable, which runs once before the loop: a reshard goes before the statement."""
         stack = self.ctx.stack
         loop = stack[-2] if len(stack) >= 2 else None
@@ -60,7 +69,6 @@ class ShardSums(TrainingRule):
             local = self._local(loop, scopes)
             if local is not None:
                 self._loops[id(comprehension if comprehension is not None else loop)] = local
-        return updated
 
     def leave_For(self, original: cst.For, updated: cst.For):
         local = self._loops.get(id(original))
@@ -85,7 +93,7 @@ class ShardSums(TrainingRule):
     def _local(self, loop, scopes: list):
         """How this loop's value reads of a converting model's parameters take the local shard: `.to_local()`, the
         helper's name, or None (nothing to change, or reported)."""
-        model = parameters_of(self.ctx, loop.iter)
+        model = parameters_source(self.ctx, loop.iter)
         target = loop_target(loop)
         if model is None or target is None or not self._all_reduces():
             return None
@@ -93,8 +101,8 @@ class ShardSums(TrainingRule):
         if not reads:
             return None
         known = self.models.is_fsdp_model(model)
-        if not known and not (handed_in(self.ctx, model) and self.ctx.program.may_build_fsdp1()):
-            return None
+        if not known and not (self.models.kind(model) is Kind.UNKNOWN and self.ctx.program.may_build_fsdp1()):
+            return None  # a module shown not to be an FSDP1 model (built here, a DDP model)
         # A forward (an evaluation) may leave FSDP2's root unsharded, its parameters plain tensors, where FSDP1's
         # were shards again: a read of parameters (not gradients) reshards first.
         unsharded = any(_is_parameter(tensor) for tensor, _ in reads)
@@ -118,7 +126,7 @@ class ShardSums(TrainingRule):
             model,
             self.code,
             f"`{self.ctx.code(model)}`'s parameters read here and all-reduced by hand: {why}; kept FSDP1",
-            fsdp1_only=not known,  # a model handed in: the ones its callers give stay with it
+            fsdp1_only=not known,  # a model handed in (or held): the ones that may reach it stay with it
         )
         return None
 
