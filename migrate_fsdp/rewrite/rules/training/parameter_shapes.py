@@ -15,7 +15,7 @@ for); the read is reported so that the change is seen where it happens.
 import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.guards import in_summon
-from migrate_fsdp.rewrite.analysis.models import method_owner
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, method_owner
 from migrate_fsdp.rewrite.analysis.parameter_loops import handed_in, model_iterated, model_named
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, literal_bool
 from migrate_fsdp.rewrite.syntax import walk
@@ -65,16 +65,30 @@ class ParameterShapes(TrainingRule):
         if in_summon(self.ctx, self.ctx.stack):  # FSDP1 named each parameter there
             return
         model = model_named(self.ctx, name.value)
-        if model is None or not self.models.is_fsdp_model(model) or self._original_names(model):
+        if model is None:
             return
-        if self.ctx.program.use(model, self.code, tuple(self.ctx.stack)) is not None:
-            return  # the model stays FSDP1 (or is FSDP2's already): the names are as before
+        if self.models.is_fsdp_model(model):
+            if self._original_names(model) or self.ctx.program.use(model, self.code, tuple(self.ctx.stack)) is not None:
+                return  # FSDP1 named each parameter, or the model stays FSDP1 (or is FSDP2's already)
+        elif not (handed_in(self.ctx, model) and self.ctx.program.may_build_fsdp1() and not self._wrapped_here(model)):
+            return
+        elif not self.ctx.program.dispatch(read):
+            return  # a helper's `model` is reported where an FSDP1 model that converts may reach it
         self.ctx.report(
             read,
             self.code,
             f"`{self.ctx.code(read)}` tests a parameter name of `{self.ctx.code(model)}`: FSDP1 with "
             "use_orig_params=False named its flat parameters (`..._flat_param`), FSDP2 names each parameter, so what "
             "this picks changes (no-decay groups now get the biases and norms)",
+        )
+
+    def _wrapped_here(self, model) -> bool:
+        """The function around wraps `model` itself (`FSDP(net, ...)`): what it reads of `net` is the plain module's."""
+        function = next((n for n in reversed(self.ctx.stack) if isinstance(n, cst.FunctionDef)), None)
+        code = self.ctx.code(model)
+        return function is not None and any(
+            isinstance(node, cst.Call) and node.args and self.ctx.matches(node.func, FSDP_CLASS) and self.ctx.code(node.args[0].value) == code
+            for node, _ in walk(function.body)
         )
 
     def _original_names(self, model) -> bool:

@@ -8,20 +8,23 @@ all_reduce takes none, and a sum over DTensors is already global, so the
 all-reduce would count it once per rank.
 
 Where every value read is a sum over the tensor's elements (`.pow(2).sum()`,
-`.norm() ** 2`, `.abs().sum()`), the shards' sums add up to the same total
-however the elements are split over the ranks, so FSDP2's local shard
-(`p.grad.to_local()`) gives the all-reduce what FSDP1's gave it. A model
-handed in from callers the program cannot all trace takes a helper that does
-that for a DTensor and leaves any other tensor as it is. Any other read (a sum
-of per-shard norms, a maximum, an in-place change) depends on how FSDP1 cut
+`.norm() ** 2`, `torch.sum(x ** 2)`, `.abs().sum()`), the shards' sums add up
+to the same total however the elements are split over the ranks, so FSDP2's
+local shard (`p.grad.to_local()`) gives the all-reduce what FSDP1's gave it;
+so too where the function only sums and its caller all-reduces. A model handed
+in from callers the program cannot all trace (or held on an object, or only its
+parameters handed in) takes a helper that does that for a DTensor and leaves
+any other tensor as it is. In a function that all-reduces, any other read (a
+sum of per-shard norms, a maximum, an in-place change) depends on how FSDP1 cut
 its flat parameters: reported at the loop, and the model stays FSDP1.
 """
 
 import libcst as cst
 
 from migrate_fsdp.rewrite.reshard import reshard_before
+from migrate_fsdp.rewrite.analysis.guards import in_summon
 from migrate_fsdp.rewrite.analysis.models import Kind
-from migrate_fsdp.rewrite.analysis.parameter_loops import loop_target, parameters_source, per_item
+from migrate_fsdp.rewrite.analysis.parameter_loops import handed_in, loop_target, parameters_source, per_item
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule, code_of
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
@@ -44,7 +47,7 @@ class ShardSums(TrainingRule):
     name = "shard-sums"
     summary = "sums of an FSDP model's parameters or gradients all-reduced by hand: FSDP1's were shards -> to_local()"
     # Gradient-norm helpers live in modules that may name no FSDP (a metrics module).
-    tokens = ((b"parameters(", b"all_reduce"),)
+    tokens = ((b"parameters(", b"all_reduce"), (b"parameters(", b".grad", b"norm"), (b"parameters(", b".grad", b".sum("))
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
@@ -93,16 +96,19 @@ class ShardSums(TrainingRule):
     def _local(self, loop, scopes: list):
         """How this loop's value reads of a converting model's parameters take the local shard: `.to_local()`, the
         helper's name, or None (nothing to change, or reported)."""
-        model = parameters_source(self.ctx, loop.iter)
+        if in_summon(self.ctx, self.ctx.stack):
+            return None  # full parameters there (MF204)
         target = loop_target(loop)
-        if model is None or target is None or not self._all_reduces():
-            return None
-        reads = _value_reads(scopes, target)
-        if not reads:
+        reads = _value_reads(scopes, target) if target is not None else []
+        model = parameters_source(self.ctx, loop.iter)
+        if model is None and _handed_parameters(self.ctx, loop.iter, reads):
+            model = loop.iter  # `for p in params:` of `def grad_norm(params)`, handed `model.parameters()`
+        if model is None or not reads:
             return None
         known = self.models.is_fsdp_model(model)
         if not known and not (self.models.kind(model) is Kind.UNKNOWN and self.ctx.program.may_build_fsdp1()):
             return None  # a module shown not to be an FSDP1 model (built here, a DDP model)
+        reducing = self._all_reduces()  # else the sum may be all-reduced by a caller: FSDP1's was this rank's too
         # A forward (an evaluation) may leave FSDP2's root unsharded, its parameters plain tensors, where FSDP1's
         # were shards again: a read of parameters (not gradients) reshards first.
         unsharded = any(_is_parameter(tensor) for tensor, _ in reads)
@@ -116,6 +122,8 @@ class ShardSums(TrainingRule):
             if local is not None and unsharded:
                 reshard_before(self.ctx, model)
             return local
+        if not reducing:
+            return None  # no sum over shards in sight: whatever it reads, it reads as before
         why = (
             f"`{code_of(self.ctx, blocking)}` is no sum over the elements, which FSDP1's flat shards and FSDP2's "
             "local shards split otherwise"
@@ -221,6 +229,14 @@ def _chain(tensor, parents: tuple):
             break
         current = parent
     return current
+
+
+def _handed_parameters(ctx, iterated, reads) -> bool:
+    """`params` is an argument of the function around, and the loop reads its items' gradients: parameters handed
+    in (`grad_norm_of(model.parameters())`)."""
+    if not (isinstance(iterated, cst.Name) and handed_in(ctx, iterated)):
+        return False
+    return any(isinstance(tensor, cst.Attribute) and tensor.attr.value == "grad" for tensor, _ in reads)
 
 
 def _is_parameter(tensor) -> bool:
