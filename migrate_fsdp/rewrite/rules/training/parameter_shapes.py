@@ -50,9 +50,10 @@ class ParameterShapes(TrainingRule):
         """`"bias" in n`, `n in no_decay` of a parameter name `n`: with use_orig_params=False FSDP1 named its flat
         parameters (`..._flat_param`), FSDP2 names each parameter, so groups picked by name change."""
         if len(original.comparisons) == 1 and isinstance(original.comparisons[0].operator, (cst.In, cst.NotIn)):
-            for side in (original.left, original.comparisons[0].comparator):
-                if isinstance(side, cst.Name):
-                    self._check_name(side, original)
+            if isinstance(original.comparisons[0].comparator, cst.Name):  # `"bias" in n`: a part of the name
+                self._check_name(original.comparisons[0].comparator, original)
+            if isinstance(original.left, cst.Name):  # `n in names`: the whole name
+                self._check_name(original.left, original, whole=True)
         return updated
 
     def leave_Call(self, original: cst.Call, updated):
@@ -61,7 +62,9 @@ class ParameterShapes(TrainingRule):
             self._check_name(func.value, original)
         return updated
 
-    def _check_name(self, name: cst.Name, read) -> None:
+    def _check_name(self, name: cst.Name, read, whole: bool = False) -> None:
+        """`whole`: the name is looked up as it is, so only a model known to be FSDP1's is reported: a helper's
+        lookup (`n in model_parallel_dims`) is of keys taken from the same model, most often."""
         if in_summon(self.ctx, self.ctx.stack):  # FSDP1 named each parameter there
             return
         model = model_named(self.ctx, name.value)
@@ -70,7 +73,7 @@ class ParameterShapes(TrainingRule):
         if self.models.is_fsdp_model(model):
             if self._original_names(model) or self.ctx.program.use(model, self.code, tuple(self.ctx.stack)) is not None:
                 return  # FSDP1 named each parameter, or the model stays FSDP1 (or is FSDP2's already)
-        elif not (handed_in(self.ctx, model) and self.ctx.program.may_build_fsdp1() and not self._wrapped_here(model)):
+        elif whole or not (handed_in(self.ctx, model) and self.ctx.program.may_build_fsdp1() and not self._wrapped_here(model)):
             return
         elif not self.ctx.program.dispatch(read):
             return  # a helper's `model` is reported where an FSDP1 model that converts may reach it
