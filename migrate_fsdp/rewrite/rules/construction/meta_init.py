@@ -31,8 +31,12 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.rules.construction.codegen import statements
 from migrate_fsdp.rewrite.rules.construction.flags import flag, guarded
-from migrate_fsdp.rewrite.rules.construction.plan import Initialiser, KeywordRule, Unconvertible
-from migrate_fsdp.rewrite.syntax import is_docstring
+from migrate_fsdp.rewrite.rules.construction.plan import (
+    Initialiser,
+    KeywordRule,
+    Unconvertible,
+)
+from migrate_fsdp.rewrite.syntax import is_docstring, walk
 
 _FLOW = (
     "with FSDP2: fully_shard on the meta device, then model.to_empty(device=...), then load weights "
@@ -77,6 +81,13 @@ class MetaInitRule(KeywordRule):
                 f"unsharded modules of each unit before sharding, then synced or skipped some; {_FLOW}",
                 init.argument.arg,
             )
+        again = self._initialised_again(plan) if init is not None else None
+        if again is not None:
+            raise Unconvertible(
+                f"`{self.ctx.code(again)}` initialises the module again after wrapping: FSDP1 drew each rank's "
+                f"numbers for its flat shard there, FSDP2 draws them for DTensors (other weights); {_FLOW}",
+                plan.arguments["param_init_fn"].arg,
+            )
         if isinstance(init, Initialiser):
             return
         if plan.sync_module_states is False:
@@ -110,6 +121,23 @@ class MetaInitRule(KeywordRule):
                 f"weights over that mesh yourself; {_FLOW}",
                 arg,
             )
+
+    def _initialised_again(self, plan) -> cst.Call | None:
+        """A `reset_parameters()` of the wrapped module, or of the model, after the call in its function (OLMo's
+        re-initialisation after a meta-device materialisation)."""
+        function = next((n for n in reversed(plan.site.stack) if isinstance(n, cst.FunctionDef)), None)
+        if function is None:
+            return None
+        names = {self.ctx.code(plan.arguments["module"].value)} if "module" in plan.arguments else set()
+        if plan.site.target is not None:
+            names.add(self.ctx.code(plan.site.target))
+        after = self.ctx.position(plan.site.node)
+        for node, _ in walk(function.body):
+            func = node.func if isinstance(node, cst.Call) else None
+            if isinstance(func, cst.Attribute) and func.attr.value == "reset_parameters" and self.ctx.code(func.value) in names:
+                if self.ctx.position(node) > after:
+                    return node
+        return None
 
     def _materialiser(self, value) -> ParamInit | None:
         """`lambda m: m.to_empty(device=D, ...)` (or a def doing only that), possibly `... if cond else None`."""

@@ -252,9 +252,9 @@ class OptimStateDict(UsesStateDictPlan):
         """The settings of the converted `with FSDP.state_dict_type(model, ...)` block holding `line`, if any."""
         for context in self.plan.contexts:
             statement = context.statement
-            if isinstance(statement, cst.With) and context.converted and context.model == dotted(model):
-                if any(node is line for node, _ in walk(statement.body)):
-                    return context.settings
+            block = isinstance(statement, cst.With) and context.converted and context.model == dotted(model)
+            if block and any(node is line for node, _ in walk(statement.body)):
+                return context.settings
         return None
 
     def _model_state_only_for(self, loader, line) -> str | None:

@@ -16,8 +16,16 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.guards import in_summon
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, method_owner
-from migrate_fsdp.rewrite.analysis.parameter_loops import handed_in, model_iterated, model_named
-from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, TrainingRule, literal_bool
+from migrate_fsdp.rewrite.analysis.parameter_loops import (
+    handed_in,
+    model_iterated,
+    model_named,
+)
+from migrate_fsdp.rewrite.rules.training.base import (
+    FSDP2_TOKENS,
+    TrainingRule,
+    literal_bool,
+)
 from migrate_fsdp.rewrite.syntax import walk
 
 _SHAPE_ATTRIBUTES = ("ndim", "shape")

@@ -37,8 +37,8 @@ _NOT_VALUES = frozenset(
 _TENSOR_OF = ("grad", "data")  # `p.grad`, `p.data`, `p.grad.data`: the tensor whose shard is read
 # Methods giving a tensor of the same elements, each changed on its own: a sum of them still adds up over shards.
 _ELEMENTWISE = frozenset({"float", "double", "half", "bfloat16", "to", "detach", "abs", "square", "pow", "clone"})
-# Functions taking the tensor first, as spelled: a sum over all elements, or a norm.
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
+# Functions taking the tensor first, as spelled: a sum over all elements, or a norm.
 _FUNCTIONS = {"torch.sum": "sum", "torch.norm": "norm", "torch.linalg.norm": "norm", "torch.linalg.vector_norm": "norm"}
 
 
@@ -67,7 +67,9 @@ class ShardSums(TrainingRule):
         stack = self.ctx.stack
         loop = stack[-2] if len(stack) >= 2 else None
         if isinstance(loop, (cst.For, cst.CompFor)) and loop.iter is original:
-            comprehension = next((n for n in reversed(stack[:-2]) if isinstance(n, _COMPREHENSIONS)), None) if isinstance(loop, cst.CompFor) else None
+            comprehension = None
+            if isinstance(loop, cst.CompFor):
+                comprehension = next((n for n in reversed(stack[:-2]) if isinstance(n, _COMPREHENSIONS)), None)
             scopes = per_item(comprehension, loop) if comprehension is not None else [loop.body]
             local = self._local(loop, scopes)
             if local is not None:
