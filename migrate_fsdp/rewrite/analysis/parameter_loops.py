@@ -50,10 +50,34 @@ def parameters_source(ctx, iterated) -> cst.BaseExpression | None:
         func = iterated.func
         if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters") and isinstance(func.value, cst.Name):
             return _modules_of(ctx, func.value.value)
+    if isinstance(iterated, cst.Call) and not iterated.args and isinstance(iterated.func, cst.Attribute):
+        held = iterated.func.value  # `self.shadow.values()` of `self.shadow = {n: p.clone() for n, p in ...}`
+        if iterated.func.attr.value in _DICT_VIEWS and copies_parameters(ctx, held):
+            return held
     if isinstance(iterated, cst.Name):
         value = _assigned_once(ctx, iterated)
         return parameters_source(ctx, value) if value is not None else None
     return None
+
+
+def copies_parameters(ctx, held) -> bool:
+    """`held` is `self.x`, which its class only ever sets to a dict of the values of some model's parameters
+    (an EMA's shadow: `{n: p.detach().clone() for n, p in model.named_parameters()}`)."""
+    if not (isinstance(held, cst.Attribute) and isinstance(held.value, cst.Name) and held.value.value == "self"):
+        return False
+    owner = next((n for n in reversed(ctx.stack) if isinstance(n, cst.ClassDef)), None)
+    if owner is None:
+        return False
+    values = [
+        node.value
+        for node, _ in walk(owner.body)
+        if isinstance(node, cst.Assign)
+        and any(ctx.code(target.target) == ctx.code(held) for target in node.targets)
+    ]
+    return bool(values) and all(
+        isinstance(value, cst.DictComp) and parameters_of(ctx, value.for_in.iter, through_dict=False) is not None
+        for value in values
+    )
 
 
 def _modules_of(ctx, name: str) -> cst.BaseExpression | None:

@@ -24,7 +24,7 @@ import libcst as cst
 from migrate_fsdp.rewrite.reshard import reshard_before
 from migrate_fsdp.rewrite.analysis.guards import in_summon
 from migrate_fsdp.rewrite.analysis.models import Kind
-from migrate_fsdp.rewrite.analysis.parameter_loops import handed_in, loop_target, parameters_source, per_item
+from migrate_fsdp.rewrite.analysis.parameter_loops import copies_parameters, handed_in, loop_target, parameters_source, per_item
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule, code_of
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
@@ -108,12 +108,14 @@ class ShardSums(TrainingRule):
         if model is None or not reads:
             return None
         known = self.models.is_fsdp_model(model)
-        if not known and not (self.models.kind(model) is Kind.UNKNOWN and self.ctx.program.may_build_fsdp1()):
+        copies = copies_parameters(self.ctx, model)  # an EMA's shadow: copies of the shards, never resharded
+        unknown = self.models.kind(model) is Kind.UNKNOWN or copies
+        if not known and not (unknown and self.ctx.program.may_build_fsdp1()):
             return None  # a module shown not to be an FSDP1 model (built here, a DDP model)
         reducing = self._all_reduces()  # else the sum may be all-reduced by a caller: FSDP1's was this rank's too
         # A forward (an evaluation) may leave FSDP2's root unsharded, its parameters plain tensors, where FSDP1's
         # were shards again: a read of parameters (not gradients) reshards first.
-        unsharded = any(_is_parameter(tensor) for tensor, _ in reads)
+        unsharded = not copies and any(_is_parameter(tensor) for tensor, _ in reads)
         blocking = next((_chain(tensor, parents) for tensor, parents in reads if not _summed(tensor, parents)), None)
         if blocking is None and (self.ctx.can_insert_statements() or not unsharded):
             if known and not self.fsdp2_ahead(model):
