@@ -131,10 +131,7 @@ def whole_or_untouched(results: list[RewriteResult]) -> list[RewriteResult]:
     if broken is None or not any(r.changed for r in results):
         return results
     message = f"left unchanged with the rest of its program: an internal error in {broken.path}, whose FSDP1 code may use this file's models"
-    return [
-        RewriteResult(r.path, r.source, r.source, [Diagnostic(r.path, 1, 1, INTERNAL_ERROR, message)], r.encoding) if r.changed else r
-        for r in results
-    ]
+    return [_as_it_was(r, message) if r.changed else r for r in results]
 
 
 def decide_with_late_files(
@@ -165,6 +162,11 @@ def decide_safely(facts: list[FileFacts], sources: Mapping[str, bytes]) -> tuple
 def left_unchanged(result: RewriteResult, error: Exception) -> RewriteResult:
     """`result`'s file as it was, with an internal error: the program's verdict could not be reached."""
     message = f"internal error ({type(error).__name__}: {error}) in the program model; file left unchanged, please report it"
+    return _as_it_was(result, message)
+
+
+def _as_it_was(result: RewriteResult, message: str) -> RewriteResult:
+    """`result`'s file unchanged, with one internal-error finding saying why."""
     return RewriteResult(result.path, result.source, result.source, [Diagnostic(result.path, 1, 1, INTERNAL_ERROR, message)], result.encoding)
 
 

@@ -66,18 +66,20 @@ def copies_parameters(ctx, held) -> bool:
     if not (isinstance(held, cst.Attribute) and isinstance(held.value, cst.Name) and held.value.value == "self"):
         return False
     owner = next((n for n in reversed(ctx.stack) if isinstance(n, cst.ClassDef)), None)
-    if owner is None:
-        return False
-    values = [
-        node.value
-        for node, _ in walk(owner.body)
-        if isinstance(node, cst.Assign)
-        and any(ctx.code(target.target) == ctx.code(held) for target in node.targets)
-    ]
+    values = _values_assigned(ctx, owner.body, ctx.code(held)) if owner is not None else []
     return bool(values) and all(
         isinstance(value, cst.DictComp) and parameters_of(ctx, value.for_in.iter, through_dict=False) is not None
         for value in values
     )
+
+
+def _values_assigned(ctx, root, target: str) -> list:
+    """The values of every `target = value` under `root` (`target` as written: `param_dict`, `self.shadow`)."""
+    return [
+        node.value
+        for node, _ in walk(root)
+        if isinstance(node, cst.Assign) and any(ctx.code(t.target) == target for t in node.targets)
+    ]
 
 
 def _modules_of(ctx, name: str) -> cst.BaseExpression | None:
@@ -110,11 +112,7 @@ def _table_of_parameters(ctx, name: cst.Name) -> cst.BaseExpression | None:
     (`{n: p for n, p in model.named_parameters()}`, `dict(model.named_parameters())`), and otherwise only
     filtered from itself (nanoGPT's `param_dict = {pn: p for pn, p in param_dict.items() if p.requires_grad}`)."""
     function = next((n for n in reversed(ctx.stack) if isinstance(n, (cst.FunctionDef, cst.Module))), None)
-    values = [
-        node.value
-        for node, _ in walk(function.body if isinstance(function, cst.FunctionDef) else function)
-        if isinstance(node, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name.value for t in node.targets)
-    ]
+    values = _values_assigned(ctx, function.body if isinstance(function, cst.FunctionDef) else function, name.value)
     models = []
     for value in values:
         if isinstance(value, cst.DictComp):

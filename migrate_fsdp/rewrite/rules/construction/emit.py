@@ -13,9 +13,8 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.layout import BLACK_LINE
 from migrate_fsdp.rewrite.rules.construction.codegen import assign, call, expression, is_reevaluable, keyword, statements, with_commas
-from migrate_fsdp.rewrite.rules.construction.meta_init import ParamInit
 from migrate_fsdp.rewrite.rules.construction.mixed_precision import CAST_BUFFERS_HELPER, RunTime
-from migrate_fsdp.rewrite.rules.construction.plan import Initialiser
+from migrate_fsdp.rewrite.rules.construction.plan import Initialiser, ParamInit
 
 INIT_HELPER = "fsdp1_param_init"  # an initialising param_init_fn, run before each fully_shard call
 # fully_shard's keyword order.

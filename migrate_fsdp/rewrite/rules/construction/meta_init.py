@@ -25,32 +25,18 @@ with `reset_parameters()` behind the scenes).
 """
 
 import textwrap
-from dataclasses import dataclass
 
 import libcst as cst
 
 from migrate_fsdp.rewrite.rules.construction.codegen import statements
 from migrate_fsdp.rewrite.rules.construction.flags import flag, guarded
-from migrate_fsdp.rewrite.rules.construction.plan import (
-    Initialiser,
-    KeywordRule,
-    Unconvertible,
-)
+from migrate_fsdp.rewrite.rules.construction.plan import Initialiser, KeywordRule, ParamInit, Unconvertible
 from migrate_fsdp.rewrite.syntax import is_docstring, walk
 
 _FLOW = (
     "with FSDP2: fully_shard on the meta device, then model.to_empty(device=...), then load weights "
     "(set_model_state_dict with StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)) or initialise them"
 )
-
-
-@dataclass
-class ParamInit:
-    """A param_init_fn that only materialises meta tensors: `m.to_empty(device=DEVICE, recurse=False)`."""
-
-    device: cst.BaseExpression
-
-
 
 
 class MetaInitRule(KeywordRule):
@@ -67,26 +53,27 @@ class MetaInitRule(KeywordRule):
                 raise Unconvertible(f"sync_module_states={self.ctx.code(argument.value)} uses other FSDP1 names")
             plan.sync_module_states = sync
         elif not self.analysis.is_none(value):
-            plan.param_init = self._materialiser(value) or Initialiser(value, argument)
+            plan.param_init = self._materialiser(value) or Initialiser(value)
             definition = self.analysis.function_definition(value) if isinstance(plan.param_init, ParamInit) else None
             if definition is not None:
                 plan.definitions.append(definition)  # the materialising `def` goes with the calls that read it
 
     def finish(self, plan) -> None:
         init = plan.param_init
+        passed = plan.arguments["param_init_fn"] if init is not None else None
         if isinstance(init, Initialiser) and (plan.sync_module_states is not False or plan.ignored is not None):
             why = "with sync_module_states" if plan.sync_module_states is not False else "with ignored modules"
             raise Unconvertible(
-                f"param_init_fn={self.ctx.code(init.argument.value)} initialises weights {why}: FSDP1 ran it on the "
+                f"param_init_fn={self.ctx.code(passed.value)} initialises weights {why}: FSDP1 ran it on the "
                 f"unsharded modules of each unit before sharding, then synced or skipped some; {_FLOW}",
-                init.argument.arg,
+                passed.arg,
             )
         again = self._initialised_again(plan) if init is not None else None
         if again is not None:
             raise Unconvertible(
                 f"`{self.ctx.code(again)}` initialises the module again after wrapping: FSDP1 drew each rank's "
                 f"numbers for its flat shard there, FSDP2 draws them for DTensors (other weights); {_FLOW}",
-                plan.arguments["param_init_fn"].arg,
+                passed.arg,
             )
         if isinstance(init, Initialiser):
             return

@@ -26,12 +26,18 @@ class Unconvertible(Exception):
 
 
 @dataclass
+class ParamInit:
+    """A param_init_fn that only materialises meta tensors: `m.to_empty(device=DEVICE, recurse=False)` (MF110)."""
+
+    device: cst.BaseExpression
+
+
+@dataclass
 class Initialiser:
     """A param_init_fn that initialises weights (`reset_parameters()`), as the user passed it (MF110): it runs on
     the unsharded modules of each unit before its fully_shard call, the units in FSDP1's wrapping order."""
 
     function: cst.BaseExpression  # the value passed (followed through a name only the call reads)
-    argument: Argument  # the keyword, for messages
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,7 @@ class Plan:
     mixed_precision: object | None = None  # mixed_precision.Settings
     forward_prefetch: bool | cst.BaseExpression = False  # an expression: a flag read at run time
     sync_module_states: bool | cst.BaseExpression = False  # an expression: a flag read at run time
-    param_init: object | None = None  # meta_init.ParamInit or Initialiser
+    param_init: ParamInit | Initialiser | None = None
     before: list[cst.BaseStatement] = field(default_factory=list)  # statements that must run first
     # assignments of variables only this call reads, rewritten where they stand: Definition -> its new value
     redefined: dict[Definition, cst.BaseExpression] = field(default_factory=dict)

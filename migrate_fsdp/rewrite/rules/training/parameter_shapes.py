@@ -78,13 +78,8 @@ class ParameterShapes(TrainingRule):
         model = model_named(self.ctx, name.value)
         if model is None:
             return
-        if self.models.is_fsdp_model(model):
-            if self._original_names(model) or self.ctx.program.use(model, self.code, tuple(self.ctx.stack)) is not None:
-                return  # FSDP1 named each parameter, or the model stays FSDP1 (or is FSDP2's already)
-        elif whole or not (handed_in(self.ctx, model) and self.ctx.program.may_build_fsdp1() and not self._wrapped_here(model)):
+        if not self._answers_otherwise(model, read, not whole and not self._wrapped_here(model), named=True):
             return
-        elif not self.ctx.program.dispatch(read):
-            return  # a helper's `model` is reported where an FSDP1 model that converts may reach it
         self.ctx.report(
             read,
             self.code,
@@ -92,6 +87,19 @@ class ParameterShapes(TrainingRule):
             "use_orig_params=False named its flat parameters (`..._flat_param`), FSDP2 names each parameter, so what "
             "this picks changes (no-decay groups now get the biases and norms)",
         )
+
+    def _answers_otherwise(self, model, read, handed: bool, named: bool = False, own_method=None) -> bool:
+        """Whether `read` of `model`'s parameters answers otherwise once the model converts: an FSDP1 model that
+        converts (and, for a name, was not built with use_orig_params=True); else a module handed to this code where
+        `handed` holds, in a file an FSDP1 model that converts may reach, or in a module's own method (`own_method`),
+        which FSDP1 forwarded to from the wrapper (`model.configure_optimizers()`) wherever the class is defined."""
+        if self.models.is_fsdp_model(model):
+            if named and self._original_names(model):
+                return False  # FSDP1 named each parameter
+            return self.ctx.program.use(model, self.code, tuple(self.ctx.stack)) is None  # else it stays FSDP1
+        if not (handed and handed_in(self.ctx, model) and self.ctx.program.may_build_fsdp1()):
+            return False
+        return (own_method is not None and own_method(model)) or self.ctx.program.dispatch(read)
 
     def _wrapped_here(self, model) -> bool:
         """The function around wraps `model` itself (`FSDP(net, ...)`): what it reads of `net` is the plain module's."""
@@ -116,17 +124,8 @@ class ParameterShapes(TrainingRule):
         if not isinstance(read.value, cst.Name) or in_summon(self.ctx, self.ctx.stack):  # full parameters there
             return
         model = model_iterated(self.ctx, read.value.value)
-        if model is None:
+        if model is None or not self._answers_otherwise(model, read, self._collects(), own_method=self._own_method):
             return
-        if self.models.is_fsdp_model(model):
-            if self.ctx.program.use(model, self.code, tuple(self.ctx.stack)) is not None:
-                return  # the model stays FSDP1 (or is FSDP2's already): the read answers as before
-        elif not (handed_in(self.ctx, model) and self._collects() and self.ctx.program.may_build_fsdp1()):
-            return
-        elif not (self._own_method(model) or self.ctx.program.dispatch(read)):
-            return  # a module of unknown origin is reported where an FSDP1 model that converts may reach it (a
-            # helper's `model` argument), or in a module's own method, which FSDP1 forwarded to from the wrapper
-            # (`model.configure_optimizers()`) wherever the class is defined
         self.ctx.report(
             read,
             self.code,

@@ -112,7 +112,6 @@ class ShardSums(TrainingRule):
         unknown = self.models.kind(model) is Kind.UNKNOWN or copies
         if not known and not (unknown and self.ctx.program.may_build_fsdp1()):
             return None  # a module shown not to be an FSDP1 model (built here, a DDP model)
-        reducing = self._all_reduces()  # else the sum may be all-reduced by a caller: FSDP1's was this rank's too
         # A forward (an evaluation) may leave FSDP2's root unsharded, its parameters plain tensors, where FSDP1's
         # were shards again: a read of parameters (not gradients) reshards first.
         unsharded = not copies and any(_is_parameter(tensor) for tensor, _ in reads)
@@ -126,7 +125,7 @@ class ShardSums(TrainingRule):
             if local is not None and unsharded:
                 reshard_before(self.ctx, model)
             return local
-        if not reducing:
+        if not self._all_reduces():  # a sum converts all the same: a caller may all-reduce it, FSDP1's was this rank's
             return None  # no sum over shards in sight: whatever it reads, it reads as before
         why = (
             f"`{code_of(self.ctx, blocking)}` is no sum over the elements, which FSDP1's flat shards and FSDP2's "
