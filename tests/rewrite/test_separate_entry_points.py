@@ -99,6 +99,15 @@ def grad_norm(model):
 '''
 
 
+PARAMETER_SQUARES = b'''
+
+def param_norm(model):
+    squares = sum(p.pow(2).sum() for p in model.parameters())
+    dist.all_reduce(squares)
+    return squares.sqrt()
+'''
+
+
 def test_programs_side_by_side_with_modules_of_one_name_convert_apart():
     """Lumina-T2X's shape: directories of one repository, each a program of a `train.py` script and a `grad_norm.py`
     it imports from its own directory, each script defining a factory of the same name. Where one directory's norm
@@ -108,10 +117,11 @@ def test_programs_side_by_side_with_modules_of_one_name_convert_apart():
         "a/train.py": DIT_TRAIN,
         "a/grad_norm.py": SQUARES,
         "b/train.py": DIT_TRAIN,
-        "b/grad_norm.py": SQUARES.replace(b".norm() ** 2", b".norm()"),
+        "b/grad_norm.py": SQUARES.replace(b".norm() ** 2", b".norm()") + PARAMETER_SQUARES,
     }
     out = _rewrite(files)
     assert "fully_shard(net" in out["a/train.py"]
     assert "p.grad.to_local().norm() ** 2" in out["a/grad_norm.py"]
     assert "FSDP(net" in out["b/train.py"]
     assert "TODO(migrate-fsdp): MF216" in out["b/grad_norm.py"]
+    assert "fsdp2_local" not in out["b/grad_norm.py"]  # no converting model reaches it: its sums stay as they were

@@ -381,7 +381,10 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             if use.dispatchable and use.sites and use.sites <= converting and no_threat:
                 verdicts.setdefault(file.path, Verdict()).traced.add(position)
     for file in facts:
-        if file.dispatched and not any(reaches[site] is None or file.path in reaches[site] for site in converting):
+        # a model that leaves sight reaches the files that may run with its own (together), as for the uses above
+        if file.dispatched and not any(
+            together(site[0], file.path) if reaches[site] is None else file.path in reaches[site] for site in converting
+        ):
             verdicts[file.path].unreached = True
     _convert_settings(facts, verdicts, flow)
     return {path: verdict for path, verdict in verdicts.items() if verdict}
