@@ -186,23 +186,37 @@ META_INIT_BY_FLAG = (
 )
 
 
+# A param_init_fn that does more than materialise (mistral-finetune casts after `to_empty`), None on rank 0: FSDP1
+# ran it on each unit's modules, then broadcast rank 0's weights of the unit, unit by unit.
+META_INIT_BY_FUNCTION = META_INIT_FSDP1.replace(
+    "    model = FSDP(\n",
+    """    def param_init_fn(m):
+        m.to_empty(device=device, recurse=False)
+        m.to(torch.float32)
+
+    model = FSDP(\n""",
+).replace("param_init_fn=(lambda m: m.to_empty(device=device, recurse=False)) if rank != 0 else None", "param_init_fn=param_init_fn if rank != 0 else None")
+META_INIT_PROGRAMS = {"literal": META_INIT_FSDP1, "run_time_flag": META_INIT_BY_FLAG, "function": META_INIT_BY_FUNCTION}
+
+
 @pytest.mark.slow
 def test_meta_init_rewrite_takes_rank0_weights(tmp_path):
-    """Both programs rewritten, then run in one launch (each launch risks gloo's teardown abort)."""
+    """The programs rewritten, then run in one launch (each launch risks gloo's teardown abort)."""
     rewritten = []
-    for name, source in (("literal", META_INIT_FSDP1), ("run_time_flag", META_INIT_BY_FLAG)):
+    for name, source in META_INIT_PROGRAMS.items():
         script = tmp_path / name / "meta_init_fsdp1.py"
         script.parent.mkdir()
         script.write_text(textwrap.dedent(source))
         path, diagnostics = _rewrite(script, tmp_path)
         assert diagnostics == [], name
         code = path.read_text()
-        assert "set_model_state_dict" in code and "to_empty" in code, name
+        flow = "fsdp1_param_init(" if name == "function" else "set_model_state_dict"
+        assert flow in code and "to_empty" in code, name
         rewritten.append(path)
     driver = tmp_path / "batch_driver.py"
     driver.write_text(BATCH_DRIVER)
     outputs = _by_script(torchrun(driver, *rewritten).stdout)
-    for name in ("literal", "run_time_flag"):
+    for name in META_INIT_PROGRAMS:
         lines = outputs[name].splitlines()
         before = [line.removeprefix("digest before ") for line in lines if line.startswith("digest before ")]
         after = [line.removeprefix("digest after ") for line in lines if line.startswith("digest after ")]

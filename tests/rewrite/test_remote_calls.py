@@ -61,7 +61,7 @@ def test_no_sync_on_a_model_of_unknown_origin_serves_ddp_and_fsdp2_alike():
     out = _rewrite({"pkg/train.py": TRAIN, "pkg/loop.py": LOOP % b"", "pkg/ddp.py": DDP_RUN})
     assert "fully_shard(module" in out["pkg/train.py"]
     assert "fsdp2_no_sync(model)" in out["pkg/loop.py"]
-    kept = _rewrite({"pkg/train.py": TRAIN.replace(b"FSDP(module,", b"FSDP(module, sync_module_states=True, param_init_fn=lambda m: m.reset_parameters(),"), "pkg/loop.py": LOOP % b"", "pkg/ddp.py": DDP_RUN})
+    kept = _rewrite({"pkg/train.py": TRAIN.replace(b"FSDP(module,", b"FSDP(module, sync_module_states=True, param_init_fn=lambda m: m.reset_parameters(), process_group=group,"), "pkg/loop.py": LOOP % b"", "pkg/ddp.py": DDP_RUN})
     assert "model.no_sync()" in kept["pkg/loop.py"]
 
 

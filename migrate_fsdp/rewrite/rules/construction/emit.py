@@ -37,7 +37,7 @@ def needs_module_again(plan, rules) -> bool:
 def needs_after(plan, rules) -> list[str]:
     """What must run after the root is sharded, by FSDP1 argument."""
     reasons = []
-    if plan.sync_module_states:
+    if plan.sync_module_states and not plan.syncs_each_unit:
         reasons.append("sync_module_states")
     elif isinstance(plan.param_init, ParamInit):
         reasons.append("param_init_fn")
@@ -133,11 +133,14 @@ class Emitter:
         sharding = plan.sharding
         if sharding is not None and plan.has_children and self.statements_allowed and not isinstance(sharding, cst.Name):
             sharding = self._variable(setup, "sharding", sharding, "fsdp_sharding")
-        if plan.sync_module_states:
+        if plan.sync_module_states and not plan.syncs_each_unit:
             full_state_dict = self.names.fresh(self.anchor, "full_state_dict", "fsdp1_full_state_dict")
             per_call += rules["MF110"].before(plan, module, full_state_dict)
-        if self.param_init_fn is not None and plan.has_children and not is_reevaluable(self.param_init_fn):
-            self.param_init_fn = self._variable(setup, "param_init_fn", self.param_init_fn, "fsdp1_param_init_fn")
+        if self.param_init_fn is not None and plan.has_children:
+            if not is_reevaluable(self.param_init_fn):
+                self.param_init_fn = self._variable(setup, "param_init_fn", self.param_init_fn, "fsdp1_param_init_fn")
+            if plan.syncs_each_unit and plan.device is not None and not is_reevaluable(plan.device):
+                plan.device = self._variable(setup, "device", plan.device, "fsdp_device")
 
         per_call += self._buffer_cast(module, skip)
         if plan.has_children:
@@ -238,7 +241,7 @@ class Emitter:
     def _after(self, module, skip) -> list[cst.BaseStatement]:
         plan, rules = self.plan, self.rules
         after = []
-        if plan.sync_module_states:
+        if plan.sync_module_states and not plan.syncs_each_unit:
             full_state_dict = self.names.fresh(self.anchor, "full_state_dict", "fsdp1_full_state_dict")
             buffer = self.names.fresh(self.anchor, "buffer", "fsdp_buffer")
             after += rules["MF110"].after(plan, module, full_state_dict, buffer)
@@ -279,10 +282,16 @@ class Emitter:
         )
 
     def _initialised(self, module: cst.BaseExpression) -> cst.BaseExpression:
-        """`module`, or `fsdp1_param_init(module, fn)`: an initialising param_init_fn runs on it before sharding."""
+        """`module`, or `fsdp1_param_init(module, fn)`: an initialising param_init_fn runs on it before sharding (and
+        rank 0's weights are broadcast over it, moved to FSDP1's device first, with sync_module_states)."""
         if self.param_init_fn is None:
             return module
-        return call(self.ctx.add_helper(INIT_HELPER), module, self.param_init_fn)
+        plan = self.plan
+        if not plan.syncs_each_unit:
+            return call(self.ctx.add_helper(INIT_HELPER), module, self.param_init_fn)
+        sync = {"sync_module_states": plan.sync_module_states if plan.sync_module_states is not True else cst.Name("True")}
+        device = {} if plan.device is None else {"device": plan.device}
+        return call(self.ctx.add_helper(INIT_HELPER), module, self.param_init_fn, **sync, **device)
 
     def _fully_shard(self, fully_shard: str, module, kwargs: dict, sharding) -> cst.Call:
         node = call(fully_shard, self._initialised(module), **_ordered(kwargs))

@@ -19,9 +19,10 @@ uninitialised either way until the program loads them (torchtune's meta-device
 init, then a full state dict). A `param_init_fn` that initialises weights runs
 where FSDP1 ran it: on each unit's unsharded modules right before sharding it,
 the units in FSDP1's order, so it draws the same random numbers (emit.py,
-fsdp1_param_init). Reported: such a function with sync_module_states or ignored
-modules, or a module built on meta with no param_init_fn (FSDP1 materialised it
-with `reset_parameters()` behind the scenes).
+fsdp1_param_init); with sync_module_states the helper then broadcasts rank 0's
+tensors of the unit, as FSDP1 did. Reported: such a function with ignored
+modules or a sync over a group or mesh, or a module built on meta with no
+param_init_fn (FSDP1 materialised it with `reset_parameters()` behind the scenes).
 """
 
 import textwrap
@@ -61,8 +62,8 @@ class MetaInitRule(KeywordRule):
     def finish(self, plan) -> None:
         init = plan.param_init
         passed = plan.arguments["param_init_fn"] if init is not None else None
-        if isinstance(init, Initialiser) and (plan.sync_module_states is not False or plan.ignored is not None):
-            why = "with sync_module_states" if plan.sync_module_states is not False else "with ignored modules"
+        if isinstance(init, Initialiser) and (plan.ignored is not None or (plan.syncs_each_unit and self._grouped(plan))):
+            why = "with ignored modules" if plan.ignored is not None else "with sync_module_states over a group or mesh"
             raise Unconvertible(
                 f"param_init_fn={self.ctx.code(passed.value)} initialises weights {why}: FSDP1 ran it on the "
                 f"unsharded modules of each unit before sharding, then synced or skipped some; {_FLOW}",
@@ -108,6 +109,12 @@ class MetaInitRule(KeywordRule):
                 f"weights over that mesh yourself; {_FLOW}",
                 arg,
             )
+
+    @staticmethod
+    def _grouped(plan) -> bool:
+        """Synced over a process group or device mesh the call names (FSDP1 broadcast from its first rank, over each
+        of its groups in turn); the world's rank 0 is what the unit-by-unit broadcast gives."""
+        return plan.process_group is not None or plan.device_mesh is not None
 
     def _initialised_again(self, plan) -> cst.Call | None:
         """A `reset_parameters()` of the wrapped module, or of the model, after the call in its function (OLMo's

@@ -122,6 +122,12 @@ class Plan:
     def has_children(self) -> bool:
         return self.policy is not None
 
+    @property
+    def syncs_each_unit(self) -> bool:
+        """sync_module_states with an initialising param_init_fn: each unit is initialised and broadcast from rank 0
+        right before its fully_shard call, as FSDP1 did (MF110), rather than loaded from rank 0's state dict."""
+        return self.sync_module_states is not False and isinstance(self.param_init, Initialiser)
+
 
 class KeywordRule(Rule):
     """A rule for some FSDP1 constructor keywords, applied by the wrap-call rule (MF101).
