@@ -109,6 +109,8 @@ class _Wrapper(cst.CSTTransformer):
         that item split in turn."""
         statement = line.body[0]
         container = getattr(statement, "value", None)
+        if isinstance(container, (cst.ListComp, cst.SetComp, cst.DictComp)):
+            return self._long_comprehension_split(line, indent)
         opening = _opening(container)
         if not isinstance(opening, cst.ParenthesizedWhitespace):
             return line
@@ -123,6 +125,19 @@ class _Wrapper(cst.CSTTransformer):
             items.append(item)
         field = "args" if isinstance(container, cst.Call) else "elements"
         return line.with_changes(body=[statement.with_changes(value=container.with_changes(**{field: items}))])
+
+    def _long_comprehension_split(self, line, indent: int):
+        """A comprehension in brackets on lines of their own (the user's layout, kept) whose one line the rewrite
+        made too long (`key: v for key, v in fsdp2_full_state_dict(...).items() if key in keep`): black's split."""
+        statement = line.body[0]
+        comprehension = statement.value
+        body = self._code(comprehension).strip()[1:-1].strip()
+        opening = comprehension.lbracket if isinstance(comprehension, cst.ListComp) else comprehension.lbrace
+        if "\n" in body or body in self.kept or not isinstance(opening.whitespace_after, cst.ParenthesizedWhitespace):
+            return line
+        if indent + len(opening.whitespace_after.last_line.value) + len(body) <= self.limit:
+            return line
+        return line.with_changes(body=[statement.with_changes(value=self._split_comprehension(comprehension, indent, 0))])
 
     def leave_For(self, original, updated):
         """A `for` header the rewrite made too long (`for module in _fsdp1_wrap_targets(...):`): its iterable split."""
@@ -181,7 +196,11 @@ class _Wrapper(cst.CSTTransformer):
         def laid_out(comp_for: cst.CompFor) -> cst.CompFor:
             ifs = [test.with_changes(whitespace_before=_newline(inner)) for test in comp_for.ifs]
             nested = laid_out(comp_for.inner_for_in) if comp_for.inner_for_in is not None else None
-            return comp_for.with_changes(whitespace_before=_newline(inner), ifs=ifs, inner_for_in=nested)
+            header = self._code(comp_for.with_changes(ifs=[], inner_for_in=None)).strip()
+            iterated = comp_for.iter
+            if start + inner + len(header) > self.limit:
+                iterated = self._split_chain(iterated, start, inner)
+            return comp_for.with_changes(whitespace_before=_newline(inner), iter=iterated, ifs=ifs, inner_for_in=nested)
 
         changes = {"for_in": laid_out(node.for_in)}
         element = "value" if isinstance(node, cst.DictComp) else "elt"
@@ -199,6 +218,16 @@ class _Wrapper(cst.CSTTransformer):
             changes["lbrace"] = cst.LeftCurlyBrace(whitespace_after=_newline(inner))
             changes["rbrace"] = cst.RightCurlyBrace(whitespace_before=_newline(level))
         return node.with_changes(**changes)
+
+    def _split_chain(self, node, start: int, level: int):
+        """`f(a, b).items()`: split at the last call of the chain that has arguments (black's split), else as is."""
+        if isinstance(node, cst.Call) and node.args:
+            return self._split(node, start, level) if _splittable(node) else node
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            return node.with_changes(func=self._split_chain(node.func, start, level))
+        if isinstance(node, cst.Attribute):
+            return node.with_changes(value=self._split_chain(node.value, start, level))
+        return node
 
     def _split_boolean(self, node: cst.BooleanOperation, start: int, level: int) -> cst.BooleanOperation:
         """`a and b and c` in parentheses, an operand a line with its operator first (black's split), an operand

@@ -254,6 +254,20 @@ def setup_fsdp_sync(model, group, parallel):
     )
 
 
+def setup_fsdp_meta_sync(model, group, first):
+    if first:
+        param_init_fn = None
+    else:
+        param_init_fn = lambda m: m.to_empty(device=torch.device("cpu"), recurse=False)
+    return FSDP(
+        model,
+        process_group=group,
+        device_id=torch.device("cpu"),
+        sync_module_states=True,
+        param_init_fn=param_init_fn,
+    )
+
+
 def setup_fsdp_mesh_sync(model, mesh, hybrid):
     kwargs = dict(device_id=torch.device("cpu"), sync_module_states=True)
     kwargs["device_mesh"] = mesh
@@ -272,12 +286,17 @@ def main():
         ("whole_mesh", init_device_mesh("cpu", (world,)), False),
         ("own_mesh", DeviceMesh.from_group(singletons[rank], "cpu"), False),
         ("hybrid_mesh", init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard")), True),
+        ("whole_meta", dist.new_group(list(range(world))), rank == 0),
+        ("own_meta", singletons[rank], True),
     ]
     for name, group, parallel in cases:
         torch.manual_seed(rank)
-        model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
-        before = digest(model)
-        if name.endswith("_mesh"):
+        with torch.device("cpu" if name != "whole_meta" or rank == 0 else "meta"):
+            model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
+        before = digest(model) if name != "whole_meta" or rank == 0 else None
+        if name.endswith("_meta"):
+            model = setup_fsdp_meta_sync(model, group, parallel)
+        elif name.endswith("_mesh"):
             model = setup_fsdp_mesh_sync(model, group, parallel)
         else:
             model = setup_fsdp_sync(model, group, parallel)
@@ -305,6 +324,7 @@ def test_sync_over_a_process_group_broadcasts_from_its_first_rank(tmp_path):
     assert diagnostics == []
     code = rewritten.read_text()
     assert "DeviceMesh.from_group(group" in code and "get_global_rank(group, 0)" in code
+    assert "fsdp1_param_init(model, param_init_fn, sync_module_states=True" in code
     lines = [line.split(" ", 2) for line in torchrun(rewritten).stdout.splitlines() if line.startswith("sync ")]
     runs = {name: ast.literal_eval(digests) for _, name, digests in lines}
     (before0, _, _), (before1, _, _) = runs["whole"]
@@ -320,3 +340,8 @@ def test_sync_over_a_process_group_broadcasts_from_its_first_rank(tmp_path):
     # a HYBRID mesh's rank0_only is its shard group's rank 0: every rank of a (world, 1) mesh
     assert [size for _, _, size in runs["whole_mesh"]] == [7, 0] and [size for _, _, size in runs["own_mesh"]] == [7, 7]
     assert [size for _, _, size in runs["hybrid_mesh"]] == [7, 7]
+    # a param_init_fn materialising meta tensors, the group's first rank's weights over it, unit by unit
+    (meta_before0, _, _), _ = runs["whole_meta"]
+    assert [after for _, after, _ in runs["whole_meta"]] == [meta_before0, meta_before0]
+    assert [after for _, after, _ in runs["own_meta"]] == [before for before, _, _ in runs["own_meta"]]
+    assert [size for _, _, size in runs["whole_meta"]] == [7, 0]

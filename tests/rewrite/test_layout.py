@@ -282,3 +282,33 @@ def test_a_dict_laid_out_an_item_a_line_splits_the_item_the_rewrite_made_too_lon
             }
         """
     )
+
+
+def test_a_comprehension_laid_out_in_its_brackets_splits_the_line_the_rewrite_made_too_long():
+    """Lumina-mGPT's consolidated state dict: the user's brackets on lines of their own, the one line between them
+    made too long by the state dict's FSDP2 form; black's split, the call of the `for` split at its brackets."""
+    original = """\
+        def save(model, dtype, keep):
+            states = {
+                key: val.to(dtype) for key, val in model.state_dict().items() if key in keep
+            }
+        """
+    rewritten = """\
+        def save(model, dtype, keep):
+            states = {
+                key: val.to(dtype) for key, val in fsdp2_full_state_dict(get_model_state_dict(model), offload_to_cpu=True, rank0_only=True).items() if key in keep
+            }
+        """
+    assert wrapped(original, rewritten) == textwrap.dedent(
+        """\
+        def save(model, dtype, keep):
+            states = {
+                key: val.to(dtype)
+                for key, val in fsdp2_full_state_dict(
+                    get_model_state_dict(model), offload_to_cpu=True, rank0_only=True
+                ).items()
+                if key in keep
+            }
+        """
+    )
+    assert wrapped(original, original) == textwrap.dedent(original)  # the user's own line stays

@@ -61,7 +61,7 @@ def test_no_sync_on_a_model_of_unknown_origin_serves_ddp_and_fsdp2_alike():
     out = _rewrite({"pkg/train.py": TRAIN, "pkg/loop.py": LOOP % b"", "pkg/ddp.py": DDP_RUN})
     assert "fully_shard(module" in out["pkg/train.py"]
     assert "fsdp2_no_sync(model)" in out["pkg/loop.py"]
-    kept = _rewrite({"pkg/train.py": TRAIN.replace(b"FSDP(module,", b"FSDP(module, sync_module_states=True, param_init_fn=lambda m: m.reset_parameters(), process_group=group,"), "pkg/loop.py": LOOP % b"", "pkg/ddp.py": DDP_RUN})
+    kept = _rewrite({"pkg/train.py": TRAIN.replace(b"FSDP(module,", b"FSDP(module, sync_module_states=True, param_init_fn=lambda m: m.reset_parameters(), device_mesh=mesh,"), "pkg/loop.py": LOOP % b"", "pkg/ddp.py": DDP_RUN})
     assert "model.no_sync()" in kept["pkg/loop.py"]
 
 
@@ -286,3 +286,26 @@ def test_deciding_again_for_a_file_naming_no_fsdp_keeps_what_the_first_decision_
     assert "fully_shard(torch.nn.Linear(2, 2))" in converted["train.py"]
     assert "with fsdp2_no_sync(model):" in converted["loop.py"]
     assert "torch.save(fsdp2_state_dict(model), 'm.pt')" in converted["ckpt.py"]
+
+
+GROUPS = b'''def add_weight_decay(model, weight_decay):
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if name.endswith(".bias"):
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    return [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": weight_decay}]
+'''
+
+
+def test_parameter_names_of_a_model_from_elsewhere_change_only_where_a_converting_model_had_flat_ones():
+    """Lumina-mGPT's no-decay groups, in a module that sees no constructor: FSDP1 named each parameter where every
+    model that converts was built with use_orig_params=True, so the test picks what it picked (not reported);
+    with one built without it, FSDP1 had named flat parameters there (MF215)."""
+    orig = TRAIN.replace(b'device_id=torch.device("cpu")', b'device_id=torch.device("cpu"), use_orig_params=True')
+    quiet = _rewrite({"pkg/train.py": orig, "pkg/loop.py": LOOP % b"", "pkg/groups.py": GROUPS})
+    assert "TODO" not in quiet["pkg/groups.py"]
+    assert "fully_shard(module" in quiet["pkg/train.py"]
+    flat = _rewrite({"pkg/train.py": TRAIN, "pkg/loop.py": LOOP % b"", "pkg/groups.py": GROUPS})
+    assert "MF215" in flat["pkg/groups.py"]

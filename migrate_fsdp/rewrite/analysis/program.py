@@ -104,6 +104,8 @@ class FileFacts:
     asked_about_fsdp1: bool = False  # a rule asked whether the program builds FSDP1 models at all
     part_of_world: bool = False  # a constructor here may shard its model over some ranks only
     own_groups: bool = False  # ... over a process group or device mesh of the user's
+    flat_names: bool = False  # a constructor here that converts named flat parameters (use_orig_params not True)
+    asked_about_names: bool = False  # a rule asked whether any converting model of the program did
     asked_about_world: bool = False  # a rule asked whether any model of the program may be
     dropped_imports: set = field(default_factory=set)  # module-level names whose FSDP imports the rewrite dropped
 
@@ -129,6 +131,7 @@ class Verdict:
     assumed: bool = False  # the first rewrite assumed the program builds FSDP1 models; it builds none
     part_of_world: bool = False  # a model of the program may be sharded over some ranks only (Gate.part_of_world)
     own_groups: bool = False  # ... over a process group or device mesh of the user's (Gate.own_groups)
+    flat_names: bool = False  # a converting model of the program named flat parameters (Gate.flat_names)
     kept_imports: frozenset = frozenset()  # names another file imports from this one: their imports stay
     parse_late: bool = False  # not parsed (it names no FSDP), but a model out of sight may have its state read there
     traced: set = field(default_factory=set)  # Positions of dispatchable uses whose models all convert, traced there
@@ -146,6 +149,7 @@ class Verdict:
             or self.builds_fsdp1
             or self.assumed
             or self.part_of_world
+            or self.flat_names
             or self.kept_imports
         )
 
@@ -352,6 +356,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             fsdp1_receivers=adopted.get(file.path, set()),
             part_of_world=file.asked_about_world and any(f.part_of_world for f in facts),
             own_groups=file.asked_about_world and any(f.own_groups for f in facts),
+            flat_names=file.asked_about_names and any(f.flat_names for f in facts),
             kept_imports=reexported.get(file.path, frozenset()),
         )
         for position, converts in file.constructors.items():
@@ -659,17 +664,20 @@ class Gate:
         reads: frozenset = frozenset(),
         part_of_world: bool = False,
         own_group: bool = False,
+        flat_names: bool = True,
         module=None,
     ) -> str | None:
         """Why the constructor `node` (at `stack`) must stay FSDP1 although it could convert, if it must.
         `reads`: its keywords whose values a helper reads at run time, in their FSDP1 or FSDP2 form;
         `part_of_world`: it may shard its model over some ranks only; `own_group`: over a group of the user's;
+        `flat_names`: FSDP1 named its model's flat parameters (use_orig_params was not True);
         `module`: the module it wraps, which may hold models sharded before (`model[i] = FSDP(model[i])`, then
         `FSDP(model)`): FSDP1 cannot wrap FSDP2's DTensor parameters, nor FSDP2 FSDP1's flat ones, so those
         constructors stand or fall with this one."""
         position = self.ctx.position(node)
         self.facts.part_of_world |= part_of_world and converts
         self.facts.own_groups |= own_group and converts
+        self.facts.flat_names |= flat_names and converts
         self.facts.constructors[position] = converts
         self.facts.reads[position] = reads
         function = next((n for n in reversed(stack) if isinstance(n, (cst.FunctionDef, cst.ClassDef))), None)
@@ -791,6 +799,12 @@ class Gate:
         answers for this file; the program's answer has the file rewritten again (Verdict.part_of_world)."""
         self.facts.asked_about_world = True
         return self.facts.part_of_world or (self.verdict is not None and self.verdict.part_of_world)
+
+    def flat_names(self) -> bool:
+        """Whether a model of the program that converts had FSDP1 name its flat parameters (use_orig_params not
+        True), so that names read of a model of unknown origin may change. Answered as part_of_world is."""
+        self.facts.asked_about_names = True
+        return self.facts.flat_names or (self.verdict is not None and self.verdict.flat_names)
 
     def own_groups(self) -> bool:
         """Whether a model of the program may be sharded over a process group or device mesh of the user's: one

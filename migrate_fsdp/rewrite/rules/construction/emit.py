@@ -291,7 +291,8 @@ class Emitter:
             return call(self.ctx.add_helper(INIT_HELPER), module, self.param_init_fn)
         sync = {"sync_module_states": plan.sync_module_states if plan.sync_module_states is not True else cst.Name("True")}
         device = {} if plan.device is None else {"device": plan.device}
-        return call(self.ctx.add_helper(INIT_HELPER), module, self.param_init_fn, **sync, **device)
+        group = {} if plan.process_group is None else {"process_group": plan.process_group}
+        return call(self.ctx.add_helper(INIT_HELPER), module, self.param_init_fn, **sync, **device, **group)
 
     def _fully_shard(self, fully_shard: str, module, kwargs: dict, sharding) -> cst.Call:
         node = call(fully_shard, self._initialised(module), **_ordered(kwargs))

@@ -32,6 +32,7 @@ import libcst as cst
 from migrate_fsdp.rewrite.rules.construction.codegen import statements
 from migrate_fsdp.rewrite.rules.construction.flags import flag, guarded
 from migrate_fsdp.rewrite.rules.construction.plan import Initialiser, KeywordRule, ParamInit, Unconvertible
+from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID
 from migrate_fsdp.rewrite.syntax import is_docstring, walk
 
 _FLOW = (
@@ -54,7 +55,10 @@ class MetaInitRule(KeywordRule):
                 raise Unconvertible(f"sync_module_states={self.ctx.code(argument.value)} uses other FSDP1 names")
             plan.sync_module_states = sync
         elif not self.analysis.is_none(value):
-            plan.param_init = self._materialiser(value) or Initialiser(value)
+            materialiser = self._materialiser(value)
+            if materialiser is not None and self._synced_over_group(plan):
+                materialiser = None  # FSDP1 broadcast from the group's first rank, unit by unit: run it as it ran
+            plan.param_init = materialiser or Initialiser(value)
             definition = self.analysis.function_definition(value) if isinstance(plan.param_init, ParamInit) else None
             if definition is not None:
                 plan.definitions.append(definition)  # the materialising `def` goes with the calls that read it
@@ -63,10 +67,14 @@ class MetaInitRule(KeywordRule):
         init = plan.param_init
         passed = plan.arguments["param_init_fn"] if init is not None else None
         if isinstance(init, Initialiser) and (plan.ignored is not None or (plan.syncs_each_unit and self._grouped(plan))):
-            why = "with ignored modules" if plan.ignored is not None else "with sync_module_states over a group or mesh"
+            why = (
+                "initialises weights with ignored modules"
+                if plan.ignored is not None
+                else "with sync_module_states over a device mesh or HYBRID_SHARD's pair of groups"
+            )
             raise Unconvertible(
-                f"param_init_fn={self.ctx.code(passed.value)} initialises weights {why}: FSDP1 ran it on the "
-                f"unsharded modules of each unit before sharding, then synced or skipped some; {_FLOW}",
+                f"param_init_fn={self.ctx.code(passed.value)} {why}: FSDP1 ran it on the unsharded modules of each "
+                f"unit before sharding, then synced or skipped some; {_FLOW}",
                 passed.arg,
             )
         again = self._initialised_again(plan) if init is not None else None
@@ -88,12 +96,6 @@ class MetaInitRule(KeywordRule):
                 )
             return
         arg = plan.arguments["sync_module_states"].arg
-        if plan.process_group is not None and init is not None:
-            raise Unconvertible(
-                "sync_module_states with a process group and a param_init_fn: materialise the module, then broadcast "
-                f"the group's first rank's weights over it; {_FLOW}",
-                arg,
-            )
         mesh_checked_at_run_time = isinstance(plan.device_mesh, (cst.Name, cst.Attribute))
         sync = f"sync_module_states={self.ctx.code(arg.value)}"
         if plan.ignored is not None:
@@ -110,11 +112,20 @@ class MetaInitRule(KeywordRule):
                 arg,
             )
 
+    def _synced_over_group(self, plan) -> bool:
+        """sync_module_states (not a literal False) over a process group the call passes."""
+        sync, group = plan.arguments.get("sync_module_states"), plan.arguments.get("process_group")
+        if sync is None or group is None or self.analysis.is_none(group.value):
+            return False
+        return self.analysis.literal_bool(sync.value) is not False
+
     @staticmethod
     def _grouped(plan) -> bool:
-        """Synced over a process group or device mesh the call names (FSDP1 broadcast from its first rank, over each
-        of its groups in turn); the world's rank 0 is what the unit-by-unit broadcast gives."""
-        return plan.process_group is not None or plan.device_mesh is not None
+        """Synced over a device mesh, or over HYBRID_SHARD's pair of groups (FSDP1 broadcast over each in turn); the
+        unit-by-unit broadcast goes over one group, from its first rank."""
+        strategy = plan.strategy
+        hybrid = strategy.name in HYBRID if strategy.runtime is None else (strategy.possible is None or bool(strategy.possible & set(HYBRID)))
+        return plan.device_mesh is not None or (plan.process_group is not None and hybrid)
 
     def _initialised_again(self, plan) -> cst.Call | None:
         """A `reset_parameters()` of the wrapped module, or of the model, after the call in its function (OLMo's

@@ -161,6 +161,7 @@ class WrapCall(Rule):
                 reads=_read_at_run_time(plan),
                 part_of_world=_part_of_world(plan),
                 own_group=plan.process_group is not None or plan.device_mesh is not None,
+                flat_names=not self.analysis.literal_bool(plan.value("use_orig_params")),
                 module=plan.module,
             )
             if why is not None:

@@ -99,6 +99,8 @@ class ParameterShapes(TrainingRule):
             return self.ctx.program.use(model, self.code, tuple(self.ctx.stack)) is None  # else it stays FSDP1
         if not (handed and handed_in(self.ctx, model) and self.ctx.program.may_build_fsdp1()):
             return False
+        if named and not self.ctx.program.flat_names():
+            return False  # every model that converts had FSDP1 name each parameter
         return (own_method is not None and own_method(model)) or self.ctx.program.dispatch(read)
 
     def _wrapped_here(self, model) -> bool:
