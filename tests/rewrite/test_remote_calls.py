@@ -309,3 +309,29 @@ def test_parameter_names_of_a_model_from_elsewhere_change_only_where_a_convertin
     assert "fully_shard(module" in quiet["pkg/train.py"]
     flat = _rewrite({"pkg/train.py": TRAIN, "pkg/loop.py": LOOP % b"", "pkg/groups.py": GROUPS})
     assert "MF215" in flat["pkg/groups.py"]
+
+
+MIXED_PRECISION = b'''import torch
+
+
+def prepare(params, dtype):
+    with torch.no_grad():
+        for p in params:
+            p.data = p.data.to(dtype)
+'''
+
+
+def test_parameters_handed_to_another_modules_function_take_its_model_along():
+    """mistral-finetune's hand-made mixed precision swaps `p.data` of the parameters handed in: the model whose
+    parameters reach it stays FSDP1 (FSDP2 keeps its own shards). Parameters handed to a function out of the
+    program's sight (a library's optimizer) hold nothing back."""
+    train = TRAIN.replace(b"from pkg.loop import train_epoch\n", b"from pkg.loop import train_epoch\nfrom pkg.mp import prepare\n")
+    swapped = train.replace(b"    train_epoch(model, batches)", b"    prepare(model.parameters(), torch.bfloat16)\n    train_epoch(model, batches)")
+    out = _rewrite({"pkg/train.py": swapped, "pkg/loop.py": LOOP % b"", "pkg/mp.py": MIXED_PRECISION})
+    assert "MF217" in out["pkg/mp.py"]
+    assert "FSDP(module" in out["pkg/train.py"] and "fully_shard" not in out["pkg/train.py"]
+    library = train.replace(b"from pkg.mp import prepare\n", b"import bitsandbytes as bnb\n").replace(
+        b"    train_epoch(model, batches)", b"    bnb.optim.AdamW8bit(model.parameters())\n    train_epoch(model, batches)"
+    )
+    out = _rewrite({"pkg/train.py": library, "pkg/loop.py": LOOP % b""})
+    assert "fully_shard(module" in out["pkg/train.py"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.guards import in_non_fsdp_branch, unwraps_if_wrapped
-from migrate_fsdp.rewrite.analysis.models import assignments_of
+from migrate_fsdp.rewrite.analysis.models import PARAMETER_READS, assignments_of
 from migrate_fsdp.rewrite.helpers import helper_names, is_inserted_helper
 from migrate_fsdp.rewrite.syntax import walk
 
@@ -53,6 +53,8 @@ class Remote:
     index: int | None
     keyword: str | None
     result_in_sight: bool = True  # what the call returns stays in sight (`unwrap(model).config`), if it is the model
+    parameters: bool = False  # only the model's parameters are handed (`cast(model.parameters())`): the function
+    # sees them, and a function out of sight (a library's optimizer) sees no model
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,8 @@ def _read(
     `factory_in`: the function where `name` is a factory; the model each of its calls makes is followed there."""
     parent = ancestors[-1] if ancestors else None
     if isinstance(parent, cst.Attribute) and parent.value is name:
+        if parent.attr.value in PARAMETER_READS and remotes is not None and factory_in is None:
+            _parameters_handed(ctx, parent, ancestors, remotes)
         if fsdp1_reads is not None and parent.attr.value in FSDP1_SURFACE:
             unwrap = parent.attr.value == "module" and unwraps_if_wrapped(ctx, (*ancestors, parent), name.value)
             if not in_non_fsdp_branch((*ancestors, name)) and not unwrap:  # where the program says it runs
@@ -231,6 +235,22 @@ def _read(
     tested = (cst.Comparison, cst.ComparisonTarget, cst.If, cst.BooleanOperation, cst.UnaryOperation, cst.Expr)
     if not isinstance(parent, (*tested, cst.FormattedStringExpression)):
         raise Escape
+
+
+def _parameters_handed(ctx, read: cst.Attribute, ancestors, remotes) -> None:
+    """`f(model.parameters())` of a function another module defines: the model's parameters reach it."""
+    if len(ancestors) < 4:
+        return
+    made, arg, call = ancestors[-2], ancestors[-3], ancestors[-4]
+    if not (isinstance(made, cst.Call) and made.func is read and isinstance(arg, cst.Arg) and isinstance(call, cst.Call)):
+        return
+    binding = _binding(call, arg)
+    if binding is None or _cannot_hold_user_code(ctx, call.func) or _local_function(ctx, call.func) is not None:
+        return
+    try:
+        remotes.add(Remote(_remote_name(ctx, call), *binding, parameters=True))
+    except Escape:
+        return  # a builtin, torch, or a name of this module's own
 
 
 def _in_sight(ctx, call, ancestors, callees: set[str], seen: dict, remotes, returned, fsdp1_reads) -> bool:

@@ -595,7 +595,8 @@ def _tie_handed_on(
 
     def follow(site, path: str, reach: Reach) -> bool:
         """Ties what the model of `site` reaches from `path` to it; False when it goes out of sight."""
-        found = [remote_calls.reach(path, remote) for remote in sorted(reach.remotes, key=repr)]
+        steps = [(remote, remote_calls.reach(path, remote)) for remote in sorted(reach.remotes, key=repr)]
+        found = [step for remote, step in steps if step is not None or not remote.parameters]  # parameters out of sight
         for where, step in [(path, reach), *(f for f in found if f is not None)]:
             tie(where, step.callees, site)
             reached[site].setdefault(where, set()).update(step.callees)

@@ -37,6 +37,8 @@ class RemoteCalls:
         if found is None:
             return None
         path, name = found
+        if remote.parameters:  # the function sees the model's parameters, not the model
+            return path, Reach(callees=frozenset({name}))
         key = (path, name, remote.index, remote.keyword)
         if key not in self._reached:
             try:
