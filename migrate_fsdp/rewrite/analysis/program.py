@@ -34,6 +34,7 @@ from migrate_fsdp.rewrite.analysis.escapes import Reach, escapes, factory
 from migrate_fsdp.rewrite.analysis.factory_callers import factory_callers
 from migrate_fsdp.rewrite.analysis.guards import checked_instance
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models, is_main_guard
+from migrate_fsdp.rewrite.analysis.parameter_tags import tags_parameters
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
 from migrate_fsdp.rewrite.analysis.reexports import coresident, import_graph, imported_elsewhere, imported_modules
 from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
@@ -106,6 +107,8 @@ class FileFacts:
     own_groups: bool = False  # ... over a process group or device mesh of the user's
     flat_names: bool = False  # a constructor here that converts named flat parameters (use_orig_params not True)
     asked_about_names: bool = False  # a rule asked whether any converting model of the program did
+    tags_parameters: bool = False  # it sets attributes of its own on parameters (parameter_tags.py)
+    asked_about_tags: bool = False  # a rule asked whether any file of the program does
     asked_about_world: bool = False  # a rule asked whether any model of the program may be
     dropped_imports: set = field(default_factory=set)  # module-level names whose FSDP imports the rewrite dropped
 
@@ -132,6 +135,7 @@ class Verdict:
     part_of_world: bool = False  # a model of the program may be sharded over some ranks only (Gate.part_of_world)
     own_groups: bool = False  # ... over a process group or device mesh of the user's (Gate.own_groups)
     flat_names: bool = False  # a converting model of the program named flat parameters (Gate.flat_names)
+    tags_parameters: bool = False  # a file of the program sets attributes on parameters (Gate.tags_parameters)
     kept_imports: frozenset = frozenset()  # names another file imports from this one: their imports stay
     parse_late: bool = False  # not parsed (it names no FSDP), but a model out of sight may have its state read there
     traced: set = field(default_factory=set)  # Positions of dispatchable uses whose models all convert, traced there
@@ -150,6 +154,7 @@ class Verdict:
             or self.assumed
             or self.part_of_world
             or self.flat_names
+            or self.tags_parameters
             or self.kept_imports
         )
 
@@ -349,6 +354,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
 
     verdicts: dict[str, Verdict] = {}
     builds_fsdp1 = any(f.imports_fsdp1 or f.constructors for f in facts)
+    tagged = any(f.tags_parameters for f in facts) or any(tags_parameters(source) for source in (sources or {}).values())
     for file in facts:
         verdict = Verdict(
             builds_fsdp1=builds_fsdp1 and file.asked_about_fsdp1,
@@ -357,6 +363,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             part_of_world=file.asked_about_world and any(f.part_of_world for f in facts),
             own_groups=file.asked_about_world and any(f.own_groups for f in facts),
             flat_names=file.asked_about_names and any(f.flat_names for f in facts),
+            tags_parameters=file.asked_about_tags and tagged,
             kept_imports=reexported.get(file.path, frozenset()),
         )
         for position, converts in file.constructors.items():
@@ -655,6 +662,7 @@ class Gate:
             imports_fsdp1=_imports_fsdp1(ctx),
             declared=declarations(ctx.module),
             script=any(is_main_guard(statement) for statement in ctx.module.body),
+            tags_parameters=tags_parameters(ctx.text.encode("utf-8", "replace")),
         )
 
     def constructor(
@@ -806,6 +814,12 @@ class Gate:
         True), so that names read of a model of unknown origin may change. Answered as part_of_world is."""
         self.facts.asked_about_names = True
         return self.facts.flat_names or (self.verdict is not None and self.verdict.flat_names)
+
+    def tags_parameters(self) -> bool:
+        """Whether a file of the program sets attributes of its own on parameters, which FSDP1 with
+        use_orig_params=True kept and fully_shard's new parameters lack. Answered as part_of_world is."""
+        self.facts.asked_about_tags = True
+        return self.facts.tags_parameters or (self.verdict is not None and self.verdict.tags_parameters)
 
     def own_groups(self) -> bool:
         """Whether a model of the program may be sharded over a process group or device mesh of the user's: one

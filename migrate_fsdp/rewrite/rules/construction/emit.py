@@ -45,6 +45,8 @@ def needs_after(plan, rules) -> list[str]:
         reasons.append("mixed_precision's buffer_dtype")
     if plan.forward_prefetch:
         reasons.append("forward_prefetch")
+    if plan.parameter_tags:
+        reasons.append("use_orig_params's parameter attributes")
     return reasons
 
 
@@ -143,6 +145,8 @@ class Emitter:
                 plan.device = self._variable(setup, "device", plan.device, "fsdp_device")
 
         per_call += self._buffer_cast(module, skip)
+        if plan.parameter_tags:
+            per_call += rules["MF108"].tags_taken(plan, module, self._tags())
         if plan.has_children:
             child = dict(shared)
             if settings is not None:
@@ -249,7 +253,12 @@ class Emitter:
             after += rules["MF110"].materialise(plan, module)
         if plan.forward_prefetch:
             after += rules["MF109"].statements(plan, module)
+        if plan.parameter_tags:
+            after += rules["MF108"].tags_restored(plan, module, self._tags())
         return after
+
+    def _tags(self) -> str:
+        return self.names.fresh(self.anchor, "parameter_attributes", "fsdp1_parameter_attributes")
 
     def _buffer_cast(self, module, skip) -> list[cst.BaseStatement]:
         """The statements casting buffers as FSDP1's buffer_dtype did, when the settings have one."""

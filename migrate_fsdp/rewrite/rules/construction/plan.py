@@ -110,6 +110,7 @@ class Plan:
     forward_prefetch: bool | cst.BaseExpression = False  # an expression: a flag read at run time
     sync_module_states: bool | cst.BaseExpression = False  # an expression: a flag read at run time
     param_init: ParamInit | Initialiser | None = None
+    parameter_tags: bool = False  # use_orig_params=True in a program setting attributes on parameters (MF108)
     before: list[cst.BaseStatement] = field(default_factory=list)  # statements that must run first
     # assignments of variables only this call reads, rewritten where they stand: Definition -> its new value
     redefined: dict[Definition, cst.BaseExpression] = field(default_factory=dict)

@@ -13,6 +13,9 @@ it holds only changes when gathers overlap, not what is computed.
 """
 
 
+import libcst as cst
+
+from migrate_fsdp.rewrite.rules.construction.codegen import statements
 from migrate_fsdp.rewrite.rules.construction.devices import set_current_device
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 
@@ -41,6 +44,7 @@ class RemovedKwargs(KeywordRule):
             value, definition = self.analysis.follow(argument.value, plan)
             if argument.name == "use_orig_params" and self.analysis.literal_bool(value) is not False:
                 self._parameters_kept(plan)
+                plan.parameter_tags = self.analysis.literal_bool(value) is True and self.ctx.program.tags_parameters()
             if definition is None:
                 plan.definitions.extend(self.analysis.assigned_on_branches(argument.value, plan) or ())
 
@@ -53,6 +57,25 @@ class RemovedKwargs(KeywordRule):
                 "FSDP1 kept with use_orig_params but fully_shard replaces (an optimizer would train nothing): "
                 "build it after wrapping, from the wrapped model"
             )
+
+    def tags_taken(self, plan, module, tags: str) -> list:
+        """Before sharding: the attributes the program set on each parameter (FSDP1 with use_orig_params kept the
+        Parameter objects, and so them; fully_shard makes new ones)."""
+        names = self.analysis.names
+        name, parameter = names.fresh(plan.site.node, "name", "fsdp_name"), names.fresh(plan.site.node, "parameter", "fsdp_parameter")
+        taken = f"{{{name}: dict({parameter}.__dict__) for {name}, {parameter} in MODULE.named_parameters() if {parameter}.__dict__}}"
+        line = cst.EmptyLine(comment=cst.Comment("# FSDP1 kept each parameter (use_orig_params), and what was set on it"))
+        (statement,) = statements(f"{tags} = {taken}", MODULE=module)
+        return [statement.with_changes(leading_lines=[line])]
+
+    def tags_restored(self, plan, module, tags: str) -> list:
+        """After sharding: the same attributes on the new parameters, found by name (FSDP2 keeps the names)."""
+        names = self.analysis.names
+        name, parameter = names.fresh(plan.site.node, "name", "fsdp_name"), names.fresh(plan.site.node, "parameter", "fsdp_parameter")
+        return statements(
+            f"for {name}, {parameter} in MODULE.named_parameters():\n    {parameter}.__dict__.update({tags}.get({name}, {{}}))",
+            MODULE=module,
+        )
 
     def _backward_prefetch(self, argument, plan) -> None:
         value, _ = self.analysis.follow(argument.value, plan)

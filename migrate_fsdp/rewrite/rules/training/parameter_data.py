@@ -46,8 +46,9 @@ class ParameterData(TrainingRule):
         if model is None:
             return
         known = self.models.is_fsdp_model(model)
-        if not known and not (self.models.kind(model) is Kind.UNKNOWN and self.ctx.program.may_build_fsdp1()):
-            return  # a module shown not to be an FSDP1 model
+        handed = handed_in(self.ctx, model) or _held(model)  # a model of unknown origin built here is not wrapped yet
+        if not known and not (handed and self.models.kind(model) is Kind.UNKNOWN and self.ctx.program.may_build_fsdp1()):
+            return  # a module shown not to be an FSDP1 model, or one this code builds (cast before wrapping)
         self.ctx.report(
             model,
             self.code,
@@ -56,3 +57,8 @@ class ParameterData(TrainingRule):
             "kept FSDP1",
             fsdp1_only=not known,  # parameters handed in: the models that may reach them stay with them
         )
+
+
+def _held(model) -> bool:
+    """`self.model`: a model held on an object, set elsewhere."""
+    return isinstance(model, cst.Attribute) and isinstance(model.value, cst.Name) and model.value.value == "self"
