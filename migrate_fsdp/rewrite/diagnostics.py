@@ -49,6 +49,7 @@ TODO_REASONS = {
     "MF215": "parameter shape or name read: FSDP1's were flat",
     "MF216": "sum of FSDP1 shards all-reduced by hand",
     "MF217": "parameter storage swapped after FSDP1 wrapping",
+    "MF218": "clipping norm is now global, not this rank's",
     "MF900": "FSDP1 API with no automatic rewrite",
 }
 

@@ -36,6 +36,7 @@ class Analysis:
         self._inits: list[int] = []  # positions of statements calling init_process_group
         self.fsdp1_arguments: set[int] = set()  # ids of every node inside FSDP1 calls and their kwargs dicts
         self._kept_parameters: list[tuple[cst.Name, int, cst.CSTNode]] = []  # (module name, position, statement)
+        self._calls: dict[str, list[cst.Call]] = {}  # function name -> the calls of it by that name (`f(x)`, `self.f(x)`)
 
     # ----- fed by the read-only pass ------------------------------------------------------
 
@@ -61,6 +62,9 @@ class Analysis:
         if self.ctx.matches(node.func, "torch.distributed.init_process_group"):
             self._inits.append(len(self.order) - 1)
         func = node.func
+        called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
+        if called is not None:
+            self._calls.setdefault(called, []).append(node)
         if isinstance(func, cst.Attribute) and func.attr.value in PARAMETER_READS and isinstance(func.value, cst.Name):
             statement = self._keeping_statement()
             if statement is not None:
@@ -93,10 +97,20 @@ class Analysis:
         replaces them, so what it kept would no longer train the model."""
         if not isinstance(module, cst.Name):
             return None
-        at = self.definitions.calls.get(id(call))
-        scope = self.ctx.scope(module)
         # what the constructor itself is given (`ignored_states=frozen_params`) is not replaced: it stays unsharded
         given = {node.value for node, _ in walk(*call.args) if isinstance(node, cst.Name)}
+        kept = self._kept_before(module, call, given)
+        if kept is not None:
+            return kept
+        for caller, handed in self._callers_handing(module):  # `model = wrap_model(model)` of `def wrap_model(m)`
+            kept = self._kept_before(handed, caller, frozenset())
+            if kept is not None:
+                return kept
+        return None
+
+    def _kept_before(self, module: cst.Name, call: cst.Call, given) -> cst.CSTNode | None:
+        at = self.definitions.calls.get(id(call))
+        scope = self.ctx.scope(module)
         for name, position, statement in self._kept_parameters:
             if name.value != module.value or at is None or position >= at or self.ctx.scope(name) is not scope:
                 continue
@@ -105,6 +119,31 @@ class Analysis:
             if not bound & given:
                 return statement
         return None
+
+    def _callers_handing(self, module: cst.Name) -> list[tuple[cst.Call, cst.Name]]:
+        """The calls of this file handing a name to the function whose parameter `module` is: (call, name)."""
+        scope = self.ctx.scope(module)
+        bindings = scope[module.value] if scope is not None else set()
+        params = [b.node for b in bindings if isinstance(getattr(b, "node", None), cst.Param)]
+        if len(params) != 1:
+            return []
+        function = next(
+            (n for n, _ in walk(self.ctx.module) if isinstance(n, cst.FunctionDef) and params[0] in n.params.params), None
+        )
+        if function is None:
+            return []
+        positional = list(function.params.params)
+        index = positional.index(params[0]) if params[0] in positional else None
+        if index is not None and positional and positional[0].name.value == "self":
+            index -= 1
+        found = []
+        for caller in self._calls.get(function.name.value, []):
+            handed = next((a.value for a in caller.args if a.keyword is not None and a.keyword.value == module.value), None)
+            if handed is None and index is not None and index < len(caller.args) and not any(a.star or a.keyword for a in caller.args[: index + 1]):
+                handed = caller.args[index].value
+            if isinstance(handed, cst.Name):
+                found.append((caller, handed))
+        return found
 
     def read_once(self, value: cst.BaseExpression, plan, *candidates: str) -> cst.BaseExpression:
         """`value` where the converted call's statements read it more than once: itself when reading it again gives
