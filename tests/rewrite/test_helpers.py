@@ -48,6 +48,7 @@ def test_the_rewrite_uses_every_helper_file():
         "_fsdp1_strategy_name",  # inserted with the two above
         mesh.HYBRID_MESH_HELPER,
         mesh.REPLICATE_MESH_HELPER,
+        mesh.GROUP_MESH_HELPER,
         mixed_precision.HELPER,
         mixed_precision.CAST_BUFFERS_HELPER,
         settings_where_defined.HELPER,

@@ -133,7 +133,8 @@ class Emitter:
             settings = self.mixed_precision = RunTime(self._variable(setup, "mixed_precision", settings.converted, "fsdp_mixed_precision"))
         root_policy = mp.policy(settings, root=not plan.site.placed_in_parent) if settings else None
         sharding = plan.sharding
-        if sharding is not None and plan.has_children and self.statements_allowed and not isinstance(sharding, cst.Name):
+        written_over_lines = sharding is not None and "\n" in self.ctx.code(sharding)  # a table the user laid out
+        if sharding is not None and (plan.has_children or written_over_lines) and self.statements_allowed and not isinstance(sharding, cst.Name):
             sharding = self._variable(setup, "sharding", sharding, "fsdp_sharding")
         if plan.sync_module_states and not plan.syncs_each_unit:
             full_state_dict = self.names.fresh(self.anchor, "full_state_dict", "fsdp1_full_state_dict")

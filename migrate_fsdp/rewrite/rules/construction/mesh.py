@@ -18,7 +18,7 @@ is also what FSDP2's default mesh uses, so then no mesh is written at all.
 
 import libcst as cst
 
-from migrate_fsdp.rewrite.rules.construction.codegen import call, expression
+from migrate_fsdp.rewrite.rules.construction.codegen import call, expression, string
 from migrate_fsdp.rewrite.rules.construction.devices import device_type
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
 from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID
@@ -27,6 +27,7 @@ SHARDING_HELPER = "_fsdp1_sharding"
 SHARDING_OVER_HELPER = "_fsdp1_sharding_over"
 HYBRID_MESH_HELPER = "_fsdp1_hybrid_mesh"
 REPLICATE_MESH_HELPER = "_fsdp1_replicate_mesh"
+GROUP_MESH_HELPER = "_fsdp1_group_mesh"
 
 
 class MeshRule(KeywordRule):
@@ -51,16 +52,22 @@ class MeshRule(KeywordRule):
         if group is not None and user_mesh is not None:
             raise Unconvertible("FSDP1 rejects process_group and device_mesh together; keep one", written)
         strategy = plan.strategy
+        hybrid = strategy.name in HYBRID if strategy.runtime is None else strategy.possible is None or strategy.possible & set(HYBRID)
+        if group is not None and hybrid:
+            # an (intra-node, inter-node) pair of groups, or one group, or None (FSDP1's default): read at run time
+            name = strategy.runtime if strategy.runtime is not None else string(strategy.name)
+            device = device_type(self.analysis, plan)
+            mesh = call(self.ctx.add_helper(GROUP_MESH_HELPER), group, device)
+            plan.sharding = call(self.ctx.add_helper(SHARDING_OVER_HELPER), name, mesh, device)
+            plan.kwargs.pop("reshard_after_forward", None)  # the helper gives it, as for a strategy read at run time
+            return
         if strategy.runtime is not None:
-            if group is not None and (strategy.possible is None or strategy.possible & set(HYBRID)):
-                raise Unconvertible(
-                    "process_group with a sharding_strategy known only at run time that may be HYBRID_SHARD "
-                    "(an (intra-node, inter-node) pair of groups): build a 2-D DeviceMesh (replicate, shard) over "
-                    "the same ranks and pass it as device_mesh",
-                    written,
-                )
             if group is not None:  # FULL_SHARD, SHARD_GRAD_OP or NO_SHARD over the group's ranks
                 over = self._from_group(group, plan)
+                if self._handed(written):  # callers may leave it None: FSDP1's default group, on device_id's type
+                    over = expression("OVER if GROUP is not None else None", OVER=over, GROUP=group)
+                    plan.sharding = call(self.ctx.add_helper(SHARDING_OVER_HELPER), strategy.runtime, over, device_type(self.analysis, plan))
+                    return
                 plan.sharding = call(self.ctx.add_helper(SHARDING_OVER_HELPER), strategy.runtime, over)
                 return
             device = [device_type(self.analysis, plan)] if plan.device is not None else []
@@ -69,29 +76,37 @@ class MeshRule(KeywordRule):
             else:
                 plan.sharding = call(self.ctx.add_helper(SHARDING_HELPER), strategy.runtime, *device)
             return
+        plan.mesh = self._static_mesh(plan, group, user_mesh)
+        if group is not None and self._handed(written):  # callers may leave it None: FSDP1's default group then
+            default = self._static_mesh(plan, None, user_mesh)
+            plan.mesh = expression("MESH if GROUP is not None else DEFAULT", MESH=plan.mesh, GROUP=group, DEFAULT=default or cst.Name("None"))
+
+    def _static_mesh(self, plan, group, user_mesh) -> cst.BaseExpression | None:
+        """The mesh for a sharding strategy written out (not HYBRID's over a group), None for fully_shard's default."""
+        strategy = plan.strategy
         if strategy.name in HYBRID:
-            if group is not None:
-                raise Unconvertible(
-                    "HYBRID_SHARD with a process_group (intra-node, inter-node) pair has no exact DeviceMesh form here: "
-                    "build a 2-D DeviceMesh (replicate, shard) over the same ranks and pass it as device_mesh",
-                    written,
-                )
             if user_mesh is not None:
-                plan.mesh = call(self.ctx.add_helper(HYBRID_MESH_HELPER), user_mesh)
-            else:
-                plan.mesh = self._init_mesh(plan, "(WORLD // PER_NODE, PER_NODE)", named=True)
-        elif strategy.name == "NO_SHARD" and (group is not None or user_mesh is not None):
+                return call(self.ctx.add_helper(HYBRID_MESH_HELPER), user_mesh)
+            return self._init_mesh(plan, "(WORLD // PER_NODE, PER_NODE)", named=True)
+        if strategy.name == "NO_SHARD" and (group is not None or user_mesh is not None):
             # replicated over the group's ranks: a (ranks, 1) mesh over the user's group (a 1-D mesh's, as FSDP1 read it)
             helper = self.ctx.add_helper(REPLICATE_MESH_HELPER)
-            plan.mesh = call(helper, user_mesh) if user_mesh is not None else call(helper, group, device_type(self.analysis, plan))
-        elif strategy.name == "NO_SHARD":
-            plan.mesh = self._init_mesh(plan, "(WORLD, 1)", named=True)
-        elif user_mesh is not None:
-            plan.mesh = user_mesh
-        elif group is not None:
-            plan.mesh = self._from_group(group, plan)
-        elif plan.device is not None:
-            plan.mesh = self._init_mesh(plan, "(WORLD,)", named=False)
+            return call(helper, user_mesh) if user_mesh is not None else call(helper, group, device_type(self.analysis, plan))
+        if strategy.name == "NO_SHARD":
+            return self._init_mesh(plan, "(WORLD, 1)", named=True)
+        if user_mesh is not None:
+            return user_mesh
+        if group is not None:
+            return self._from_group(group, plan)
+        if plan.device is not None:
+            return self._init_mesh(plan, "(WORLD,)", named=False)
+        return None
+
+    def _handed(self, group) -> bool:
+        """`process_group` is a parameter of the function around: its callers may leave it None (FSDP1's default)."""
+        scope = self.ctx.scope(group) if isinstance(group, cst.Name) else None
+        bindings = scope[group.value] if scope is not None else set()
+        return bool(bindings) and all(isinstance(getattr(b, "node", None), cst.Param) for b in bindings)
 
     def _from_group(self, group, plan) -> cst.BaseExpression:
         device_mesh = self.ctx.require_import("torch.distributed.device_mesh", "DeviceMesh")
