@@ -100,6 +100,8 @@ class ValueFlow:
                 self._value(path, parent, found, seen)
             elif isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is node:
                 self._bound(path, parent, found, seen, held)
+            elif held is True and isinstance(parent, cst.Arg) and parent.value is node and parent.keyword is not None:
+                self._argument(path, parent, found, seen)  # `policies = [a, b]`, then `partial(_or_policy, policies=policies)`
             else:
                 raise _OutOfSight
             return

@@ -78,15 +78,19 @@ class ParameterShapes(TrainingRule):
         model = model_named(self.ctx, name.value)
         if model is None:
             return
-        if not self._answers_otherwise(model, read, not whole and not self._wrapped_here(model), named=True):
+        prefixed = whole and self.models.is_fsdp_model(model) and self._original_names(model)
+        if not prefixed and not self._answers_otherwise(model, read, not whole and not self._wrapped_here(model), named=True):
             return
-        self.ctx.report(
-            read,
-            self.code,
-            f"`{self.ctx.code(read)}` tests a parameter name of `{self.ctx.code(model)}`: FSDP1 with "
-            "use_orig_params=False named its flat parameters (`..._flat_param`), FSDP2 names each parameter, so what "
-            "this picks changes (no-decay groups now get the biases and norms)",
+        if prefixed and self.ctx.program.use(model, self.code, tuple(self.ctx.stack)) is not None:
+            return  # it stays FSDP1
+        why = (
+            "FSDP1 (use_orig_params=True) named each parameter behind `_fsdp_wrapped_module.` prefixes, FSDP2 without "
+            "them, so a whole name looked up here (taken before wrapping, say) now matches"
+            if prefixed
+            else "FSDP1 with use_orig_params=False named its flat parameters (`..._flat_param`), FSDP2 names each "
+            "parameter, so what this picks changes (no-decay groups now get the biases and norms)"
         )
+        self.ctx.report(read, self.code, f"`{self.ctx.code(read)}` tests a parameter name of `{self.ctx.code(model)}`: {why}")
 
     def _answers_otherwise(self, model, read, handed: bool, named: bool = False, own_method=None) -> bool:
         """Whether `read` of `model`'s parameters answers otherwise once the model converts: an FSDP1 model that
