@@ -303,12 +303,16 @@ def test_parameter_names_of_a_model_from_elsewhere_change_only_where_a_convertin
     """Lumina-mGPT's no-decay groups, in a module that sees no constructor: FSDP1 named each parameter where every
     model that converts was built with use_orig_params=True, so the test picks what it picked (not reported);
     with one built without it, FSDP1 had named flat parameters there (MF215)."""
-    orig = TRAIN.replace(b'device_id=torch.device("cpu")', b'device_id=torch.device("cpu"), use_orig_params=True')
+    train = TRAIN.replace(b"from pkg.loop import train_epoch\n", b"from pkg.groups import add_weight_decay\nfrom pkg.loop import train_epoch\n")
+    train = train.replace(b"    train_epoch(model, batches)", b"    add_weight_decay(model, 0.1)\n    train_epoch(model, batches)")
+    orig = train.replace(b'device_id=torch.device("cpu")', b'device_id=torch.device("cpu"), use_orig_params=True')
     quiet = _rewrite({"pkg/train.py": orig, "pkg/loop.py": LOOP % b"", "pkg/groups.py": GROUPS})
     assert "TODO" not in quiet["pkg/groups.py"]
     assert "fully_shard(module" in quiet["pkg/train.py"]
-    flat = _rewrite({"pkg/train.py": TRAIN, "pkg/loop.py": LOOP % b"", "pkg/groups.py": GROUPS})
+    flat = _rewrite({"pkg/train.py": train, "pkg/loop.py": LOOP % b"", "pkg/groups.py": GROUPS})
     assert "MF215" in flat["pkg/groups.py"]
+    unreached = _rewrite({"pkg/train.py": TRAIN, "pkg/loop.py": LOOP % b"", "pkg/groups.py": GROUPS})
+    assert "TODO" not in unreached["pkg/groups.py"]  # no model reaches it: nothing changes there
 
 
 MIXED_PRECISION = b'''import torch

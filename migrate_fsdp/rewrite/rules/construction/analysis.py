@@ -66,7 +66,7 @@ class Analysis:
         if called is not None:
             self._calls.setdefault(called, []).append(node)
         if isinstance(func, cst.Attribute) and func.attr.value in PARAMETER_READS and isinstance(func.value, cst.Name):
-            statement = self._keeping_statement()
+            statement = None if self._names_only(node) else self._keeping_statement()
             if statement is not None:
                 self._kept_parameters.append((func.value, len(self.order) - 1, statement))
         handed = [arg.value for arg in node.args if isinstance(arg.value, cst.Name) and not arg.star]
@@ -74,6 +74,17 @@ class Analysis:
             statement = self._keeping_statement()
             if statement is not None:
                 self._kept_parameters.extend((name, len(self.order) - 1, statement) for name in handed)
+
+    def _names_only(self, call: cst.Call) -> bool:
+        """`[n for n, p in net.named_parameters() if ...]`: the names, which fully_shard keeps, not the parameters."""
+        stack = self.ctx.stack
+        loop = stack[-2] if len(stack) >= 2 else None
+        comprehension = stack[-3] if len(stack) >= 3 else None
+        if not (isinstance(loop, cst.CompFor) and loop.iter is call and isinstance(comprehension, (cst.ListComp, cst.SetComp))):
+            return False
+        target = loop.target
+        name = target.elements[0].value if isinstance(target, cst.Tuple) and len(target.elements) == 2 else None
+        return isinstance(name, cst.Name) and isinstance(comprehension.elt, cst.Name) and comprehension.elt.value == name.value
 
     def _keeping_statement(self) -> cst.CSTNode | None:
         """The statement around the call visited, when it keeps what the call returns (`opt = SGD(net.parameters())`,

@@ -76,7 +76,7 @@ class ParameterShapes(TrainingRule):
         if in_summon(self.ctx, self.ctx.stack):  # FSDP1 named each parameter there
             return
         model = model_named(self.ctx, name.value)
-        if model is None:
+        if model is None or self._read_before_wrapping(model, read):
             return
         prefixed = whole and self.models.is_fsdp_model(model) and self._original_names(model)
         if not prefixed and not self._answers_otherwise(model, read, not whole and not self._wrapped_here(model), named=True):
@@ -103,9 +103,23 @@ class ParameterShapes(TrainingRule):
             return self.ctx.program.use(model, self.code, tuple(self.ctx.stack)) is None  # else it stays FSDP1
         if not (handed and handed_in(self.ctx, model) and self.ctx.program.may_build_fsdp1()):
             return False
-        if named and not self.ctx.program.flat_names():
-            return False  # every model that converts had FSDP1 name each parameter
-        return (own_method is not None and own_method(model)) or self.ctx.program.dispatch(read)
+        # both questions asked each time: the program answers each on a rewrite of its own
+        reached = (own_method is not None and own_method(model)) or self.ctx.program.dispatch(read)
+        flat = not named or self.ctx.program.flat_names()  # else every model that converts named each parameter
+        return reached and flat
+
+    def _read_before_wrapping(self, model, read) -> bool:
+        """The function around wraps `model` itself (`FSDP(net, ...)`) only after `read`: the plain module's."""
+        function = next((n for n in reversed(self.ctx.stack) if isinstance(n, cst.FunctionDef)), None)
+        if function is None:
+            return False
+        code, at = self.ctx.code(model), self.ctx.position(read)
+        wraps = [
+            node
+            for node, _ in walk(function.body)
+            if isinstance(node, cst.Call) and node.args and self.ctx.matches(node.func, FSDP_CLASS) and self.ctx.code(node.args[0].value) == code
+        ]
+        return bool(wraps) and all(self.ctx.position(node) > at for node in wraps)
 
     def _wrapped_here(self, model) -> bool:
         """The function around wraps `model` itself (`FSDP(net, ...)`): what it reads of `net` is the plain module's."""
@@ -130,7 +144,9 @@ class ParameterShapes(TrainingRule):
         if not isinstance(read.value, cst.Name) or in_summon(self.ctx, self.ctx.stack):  # full parameters there
             return
         model = model_iterated(self.ctx, read.value.value)
-        if model is None or not self._answers_otherwise(model, read, self._collects(), own_method=self._own_method):
+        if model is None or self._read_before_wrapping(model, read):
+            return
+        if not self._answers_otherwise(model, read, self._collects(), own_method=self._own_method):
             return
         self.ctx.report(
             read,
