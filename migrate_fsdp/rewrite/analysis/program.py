@@ -134,7 +134,7 @@ class Verdict:
     assumed: bool = False  # the first rewrite assumed the program builds FSDP1 models; it builds none
     part_of_world: bool = False  # a model of the program may be sharded over some ranks only (Gate.part_of_world)
     own_groups: bool = False  # ... over a process group or device mesh of the user's (Gate.own_groups)
-    flat_names: bool = False  # a converting model of the program named flat parameters (Gate.flat_names)
+    original_names: bool = False  # no converting model of the program named flat parameters (Gate.flat_names)
     tags_parameters: bool = False  # a file of the program sets attributes on parameters (Gate.tags_parameters)
     kept_imports: frozenset = frozenset()  # names another file imports from this one: their imports stay
     parse_late: bool = False  # not parsed (it names no FSDP), but a model out of sight may have its state read there
@@ -153,7 +153,7 @@ class Verdict:
             or self.builds_fsdp1
             or self.assumed
             or self.part_of_world
-            or self.flat_names
+            or self.original_names
             or self.tags_parameters
             or self.kept_imports
         )
@@ -362,7 +362,7 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             fsdp1_receivers=adopted.get(file.path, set()),
             part_of_world=file.asked_about_world and any(f.part_of_world for f in facts),
             own_groups=file.asked_about_world and any(f.own_groups for f in facts),
-            flat_names=file.asked_about_names and any(f.flat_names for f in facts),
+            original_names=file.asked_about_names and not any(f.flat_names for f in facts),
             tags_parameters=file.asked_about_tags and tagged,
             kept_imports=reexported.get(file.path, frozenset()),
         )
@@ -811,9 +811,10 @@ class Gate:
 
     def flat_names(self) -> bool:
         """Whether a model of the program that converts had FSDP1 name its flat parameters (use_orig_params not
-        True), so that names read of a model of unknown origin may change. Answered as part_of_world is."""
+        True), so that names read of a model of unknown origin may change. The first rewrite assumes so (most
+        programs do); a program where none did has the file rewritten again (Verdict.original_names)."""
         self.facts.asked_about_names = True
-        return self.facts.flat_names or (self.verdict is not None and self.verdict.flat_names)
+        return self.verdict is None or not self.verdict.original_names
 
     def tags_parameters(self) -> bool:
         """Whether a file of the program sets attributes of its own on parameters, which FSDP1 with

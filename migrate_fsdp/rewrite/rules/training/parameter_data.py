@@ -23,8 +23,9 @@ class ParameterData(TrainingRule):
     code = "MF217"
     name = "parameter-data"
     summary = "`p.data = ...` on an FSDP model's parameters after wrapping: FSDP2 keeps its own shards -> reported, kept FSDP1"
-    # A mixed-precision module may name no FSDP: it is handed the parameters.
-    tokens = ((b".data =",), (b".data=",))
+    # A mixed-precision module may name no FSDP: it is handed the parameters, and names each one as loops do (a
+    # bare `.data =` would parse every compiler module of a tree).
+    tokens = tuple((f"{name}.data{space}=".encode(),) for name in ("p", "param", "parameter") for space in (" ", ""))
 
     def leave_Assign(self, original: cst.Assign, updated):
         for target in original.targets:
