@@ -107,8 +107,7 @@ class FileFacts:
     own_groups: bool = False  # ... over a process group or device mesh of the user's
     flat_names: bool = False  # a constructor here that converts named flat parameters (use_orig_params not True)
     asked_about_names: bool = False  # a rule asked whether any converting model of the program did
-    tags_parameters: bool = False  # it sets attributes of its own on parameters (parameter_tags.py)
-    asked_about_tags: bool = False  # a rule asked whether any file of the program does
+    asked_about_tags: bool = False  # a rule asked whether any file of the program sets attributes on parameters
     asked_about_world: bool = False  # a rule asked whether any model of the program may be
     dropped_imports: set = field(default_factory=set)  # module-level names whose FSDP imports the rewrite dropped
 
@@ -354,7 +353,8 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
 
     verdicts: dict[str, Verdict] = {}
     builds_fsdp1 = any(f.imports_fsdp1 or f.constructors for f in facts)
-    tagged = any(f.tags_parameters for f in facts) or any(tags_parameters(source) for source in (sources or {}).values())
+    asked_about_tags = any(f.asked_about_tags for f in facts)  # then every file's text is read, once
+    tagged = asked_about_tags and any(tags_parameters(source) for source in (sources or {}).values())
     for file in facts:
         verdict = Verdict(
             builds_fsdp1=builds_fsdp1 and file.asked_about_fsdp1,
@@ -662,7 +662,6 @@ class Gate:
             imports_fsdp1=_imports_fsdp1(ctx),
             declared=declarations(ctx.module),
             script=any(is_main_guard(statement) for statement in ctx.module.body),
-            tags_parameters=tags_parameters(ctx.text.encode("utf-8", "replace")),
         )
 
     def constructor(
@@ -820,7 +819,9 @@ class Gate:
         """Whether a file of the program sets attributes of its own on parameters, which FSDP1 with
         use_orig_params=True kept and fully_shard's new parameters lack. Answered as part_of_world is."""
         self.facts.asked_about_tags = True
-        return self.facts.tags_parameters or (self.verdict is not None and self.verdict.tags_parameters)
+        if self.verdict is not None and self.verdict.tags_parameters:
+            return True
+        return tags_parameters(self.ctx.text.encode("utf-8", "replace"))  # this file's own answer, asked rarely
 
     def own_groups(self) -> bool:
         """Whether a model of the program may be sharded over a process group or device mesh of the user's: one

@@ -18,6 +18,7 @@ is also what FSDP2's default mesh uses, so then no mesh is written at all.
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.parameter_loops import handed_in
 from migrate_fsdp.rewrite.rules.construction.codegen import call, expression, string
 from migrate_fsdp.rewrite.rules.construction.devices import device_type
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
@@ -52,8 +53,7 @@ class MeshRule(KeywordRule):
         if group is not None and user_mesh is not None:
             raise Unconvertible("FSDP1 rejects process_group and device_mesh together; keep one", written)
         strategy = plan.strategy
-        hybrid = strategy.name in HYBRID if strategy.runtime is None else strategy.possible is None or strategy.possible & set(HYBRID)
-        if group is not None and hybrid:
+        if group is not None and strategy.may_be(HYBRID):
             # an (intra-node, inter-node) pair of groups, or one group, or None (FSDP1's default): read at run time
             name = strategy.runtime if strategy.runtime is not None else string(strategy.name)
             device = device_type(self.analysis, plan)
@@ -64,7 +64,7 @@ class MeshRule(KeywordRule):
         if strategy.runtime is not None:
             if group is not None:  # FULL_SHARD, SHARD_GRAD_OP or NO_SHARD over the group's ranks
                 over = self._from_group(group, plan)
-                if self._handed(written):  # callers may leave it None: FSDP1's default group, on device_id's type
+                if handed_in(self.ctx, written):  # callers may leave it None: FSDP1's default group, on device_id's type
                     over = expression("OVER if GROUP is not None else None", OVER=over, GROUP=group)
                     plan.sharding = call(self.ctx.add_helper(SHARDING_OVER_HELPER), strategy.runtime, over, device_type(self.analysis, plan))
                     return
@@ -77,7 +77,7 @@ class MeshRule(KeywordRule):
                 plan.sharding = call(self.ctx.add_helper(SHARDING_HELPER), strategy.runtime, *device)
             return
         plan.mesh = self._static_mesh(plan, group, user_mesh)
-        if group is not None and self._handed(written):  # callers may leave it None: FSDP1's default group then
+        if group is not None and handed_in(self.ctx, written):  # callers may leave it None: FSDP1's default group then
             default = self._static_mesh(plan, None, user_mesh)
             plan.mesh = expression("MESH if GROUP is not None else DEFAULT", MESH=plan.mesh, GROUP=group, DEFAULT=default or cst.Name("None"))
 
@@ -101,12 +101,6 @@ class MeshRule(KeywordRule):
         if plan.device is not None:
             return self._init_mesh(plan, "(WORLD,)", named=False)
         return None
-
-    def _handed(self, group) -> bool:
-        """`process_group` is a parameter of the function around: its callers may leave it None (FSDP1's default)."""
-        scope = self.ctx.scope(group) if isinstance(group, cst.Name) else None
-        bindings = scope[group.value] if scope is not None else set()
-        return bool(bindings) and all(isinstance(getattr(b, "node", None), cst.Param) for b in bindings)
 
     def _from_group(self, group, plan) -> cst.BaseExpression:
         device_mesh = self.ctx.require_import("torch.distributed.device_mesh", "DeviceMesh")

@@ -123,9 +123,7 @@ class MetaInitRule(KeywordRule):
     def _grouped(plan) -> bool:
         """Synced over a device mesh, or over HYBRID_SHARD's pair of groups (FSDP1 broadcast over each in turn); the
         unit-by-unit broadcast goes over one group, from its first rank."""
-        strategy = plan.strategy
-        hybrid = strategy.name in HYBRID if strategy.runtime is None else (strategy.possible is None or bool(strategy.possible & set(HYBRID)))
-        return plan.device_mesh is not None or (plan.process_group is not None and hybrid)
+        return plan.device_mesh is not None or (plan.process_group is not None and plan.strategy.may_be(HYBRID))
 
     def _initialised_again(self, plan) -> cst.Call | None:
         """A `reset_parameters()` of the wrapped module, or of the model, after the call in its function (OLMo's

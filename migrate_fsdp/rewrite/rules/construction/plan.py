@@ -88,6 +88,11 @@ class Strategy:
     runtime: cst.BaseExpression | None = None
     possible: frozenset[str] | None = None  # the members a run-time choice picks from, when all are written out
 
+    def may_be(self, names) -> bool:
+        """Whether the strategy is, or at run time may be, one of the members `names`."""
+        chosen = {self.name} if self.runtime is None else self.possible
+        return chosen is None or bool(chosen & set(names))
+
 
 @dataclass
 class Plan:

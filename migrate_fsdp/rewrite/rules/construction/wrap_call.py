@@ -502,9 +502,7 @@ def _read_at_run_time(plan: Plan) -> frozenset:
 def _part_of_world(plan: Plan) -> bool:
     """Whether the model may be sharded over some ranks only (a process group or mesh of the user's, HYBRID_SHARD,
     NO_SHARD), where FSDP1's rank 0 (of that group) is not the world's."""
-    strategy, partial = plan.strategy, {*HYBRID, "NO_SHARD"}
-    chosen = {strategy.name} if strategy.runtime is None else strategy.possible or partial
-    return plan.process_group is not None or plan.device_mesh is not None or bool(chosen & partial)
+    return plan.process_group is not None or plan.device_mesh is not None or plan.strategy.may_be({*HYBRID, "NO_SHARD"})
 
 
 # The arguments the mesh and the device setup are built from.

@@ -46,6 +46,10 @@ class ParameterShapes(TrainingRule):
         (b"named_parameters(", b"weight_decay"),
     )
 
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._wraps: dict[tuple, list] = {}  # (id(function), model's code) -> the FSDP(model, ...) calls there
+
     def leave_Attribute(self, original: cst.Attribute, updated):
         stack = self.ctx.stack
         parent = stack[-2] if len(stack) >= 2 else None
@@ -110,25 +114,28 @@ class ParameterShapes(TrainingRule):
 
     def _read_before_wrapping(self, model, read) -> bool:
         """The function around wraps `model` itself (`FSDP(net, ...)`) only after `read`: the plain module's."""
-        function = next((n for n in reversed(self.ctx.stack) if isinstance(n, cst.FunctionDef)), None)
-        if function is None:
-            return False
-        code, at = self.ctx.code(model), self.ctx.position(read)
-        wraps = [
-            node
-            for node, _ in walk(function.body)
-            if isinstance(node, cst.Call) and node.args and self.ctx.matches(node.func, FSDP_CLASS) and self.ctx.code(node.args[0].value) == code
-        ]
+        at = self.ctx.position(read)
+        wraps = self._wrappings(model)
         return bool(wraps) and all(self.ctx.position(node) > at for node in wraps)
 
     def _wrapped_here(self, model) -> bool:
         """The function around wraps `model` itself (`FSDP(net, ...)`): what it reads of `net` is the plain module's."""
+        return bool(self._wrappings(model))
+
+    def _wrappings(self, model) -> list:
+        """The `FSDP(model, ...)` calls of the function around, found once a function and model."""
         function = next((n for n in reversed(self.ctx.stack) if isinstance(n, cst.FunctionDef)), None)
+        if function is None:
+            return []
         code = self.ctx.code(model)
-        return function is not None and any(
-            isinstance(node, cst.Call) and node.args and self.ctx.matches(node.func, FSDP_CLASS) and self.ctx.code(node.args[0].value) == code
-            for node, _ in walk(function.body)
-        )
+        key = (id(function), code)
+        if key not in self._wraps:
+            self._wraps[key] = [
+                node
+                for node, _ in walk(function.body)
+                if isinstance(node, cst.Call) and node.args and self.ctx.matches(node.func, FSDP_CLASS) and self.ctx.code(node.args[0].value) == code
+            ]
+        return self._wraps[key]
 
     def _original_names(self, model) -> bool:
         """Every FSDP(...) of this file reaching `model` passes use_orig_params=True: FSDP1 named each parameter."""
