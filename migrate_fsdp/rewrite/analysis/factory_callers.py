@@ -47,7 +47,7 @@ def factory_callers(
             continue  # a module defining its own function of that name (scripts of several programs in one tree)
         calls = 0
         for node, ancestors in walk(ctx.module):
-            if not (isinstance(node, cst.Call) and _calls(ctx, node.func, name, caller, path, remote_calls)):
+            if not (isinstance(node, cst.Call) and calls_function(ctx, node.func, name, caller, path, remote_calls)):
                 continue
             calls += 1
             reach = escapes(ctx, node, ancestors)
@@ -79,7 +79,7 @@ def _spelled(data: bytes, name: str) -> int:
         return len(re.findall(rb"\b" + re.escape(name.encode()) + rb"\b", data))
 
 
-def _calls(ctx, func, name: str, caller: str, path: str, remote_calls: RemoteCalls) -> bool:
+def calls_function(ctx, func, name: str, caller: str, path: str, remote_calls: RemoteCalls) -> bool:
     """Whether `func` is the function `name` of the module at `path`, as `caller` names it."""
     for qualified in ctx.qualified_names(func):
         module, _, called = qualified.rpartition(".")

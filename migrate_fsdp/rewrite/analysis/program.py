@@ -33,6 +33,7 @@ import libcst as cst
 from migrate_fsdp.rewrite.analysis.escapes import Reach, escapes, factory
 from migrate_fsdp.rewrite.analysis.factory_callers import factory_callers
 from migrate_fsdp.rewrite.analysis.guards import checked_instance
+from migrate_fsdp.rewrite.analysis.kept_parameters import handed, kept_by_callers
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models, is_main_guard
 from migrate_fsdp.rewrite.analysis.parameter_tags import tags_parameters
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
@@ -86,6 +87,8 @@ class FileFacts:
     # escape only if another file imports the module (decide)
     callees: dict = field(default_factory=dict)  # constructor Position -> functions of the file it is handed to
     remotes: dict = field(default_factory=dict)  # constructor Position -> calls handing it to other modules (escapes.Remote)
+    wraps_handed: dict = field(default_factory=dict)  # constructor Position -> the parameter of its function it wraps,
+    # keeping its Parameter objects (use_orig_params=True): a caller may have kept them before (kept_parameters.py)
     fsdp1_reads: dict = field(default_factory=dict)  # constructor Position -> (Position, attribute) of FSDP1 reads here
     state_reads: set = field(default_factory=set)  # Positions of `m.state_dict()` / `m.load_state_dict(sd)` on a
     # receiver of unknown origin that a helper can serve for any module (Gate.state_read)
@@ -206,7 +209,8 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
                 parent[find(other)] = find(sites[0])
     converts = {(f.path, p): c for f in facts for p, c in f.constructors.items()}
     by_path = {f.path: f for f in facts}
-    kept = {site for site, c in converts.items() if not c}
+    refused = _parameters_kept_by_callers(facts, remote_calls, sources or {})
+    kept = {site for site, c in converts.items() if not c} | set(refused)
     held = {}  # a constructor that could convert but has a use that stays FSDP1 -> that use's code and file
     flow = ValueFlow(remote_calls)
     for (path, _), (sites, readable) in _custom_policy_readers(facts, flow).items():
@@ -369,7 +373,9 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         for position, converts in file.constructors.items():
             site = (file.path, position)
             blocker = cause.get(find(site))
-            if converts and blocker in held:
+            if converts and site in refused:
+                verdict.blocked[position] = refused[site]
+            elif converts and blocker in held:
                 verdict.blocked[position] = f"its model has a use that stays FSDP1 ({cited(held[blocker])})"
             elif converts and blocker in escaping:
                 verdict.blocked[position] = f"its model may reach FSDP1 code that stays ({cited(escaping[blocker])})"
@@ -400,6 +406,23 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             verdicts[file.path].unreached = True
     _convert_settings(facts, verdicts, flow)
     return {path: verdict for path, verdict in verdicts.items() if verdict}
+
+
+def _parameters_kept_by_callers(facts: list[FileFacts], remote_calls: RemoteCalls, sources: Mapping[str, bytes]) -> dict:
+    """Constructors wrapping a module whose parameters a caller kept before handing it in -> why they stay."""
+    refused = {}
+    for file in facts:
+        for position, wrapped in file.wraps_handed.items():
+            found = kept_by_callers(remote_calls, sources, file.path, wrapped)
+            if found is not None:
+                path, function, code = found
+                code = code if len(code) <= 60 else code[:57] + "..."
+                refused[(file.path, position)] = (
+                    f"`{code}` in {path}{f' ({function}())' if function else ''} keeps the parameters from before "
+                    "wrapping, which FSDP1 kept with use_orig_params but fully_shard replaces (an optimizer would train nothing): "
+                    "build it after wrapping"
+                )
+    return refused
 
 
 def _elsewhere_outside_packages(path: str, one: str, sources: Mapping[str, bytes] | None) -> bool:
@@ -674,11 +697,13 @@ class Gate:
         own_group: bool = False,
         flat_names: bool = True,
         module=None,
+        keeps_parameters: bool = False,
     ) -> str | None:
         """Why the constructor `node` (at `stack`) must stay FSDP1 although it could convert, if it must.
         `reads`: its keywords whose values a helper reads at run time, in their FSDP1 or FSDP2 form;
         `part_of_world`: it may shard its model over some ranks only; `own_group`: over a group of the user's;
         `flat_names`: FSDP1 named its model's flat parameters (use_orig_params was not True);
+        `keeps_parameters`: FSDP1 kept the module's Parameter objects (use_orig_params may be True);
         `module`: the module it wraps, which may hold models sharded before (`model[i] = FSDP(model[i])`, then
         `FSDP(model)`): FSDP1 cannot wrap FSDP2's DTensor parameters, nor FSDP2 FSDP1's flat ones, so those
         constructors stand or fall with this one."""
@@ -704,6 +729,9 @@ class Gate:
                 self.facts.fsdp1_reads[position] = reach.fsdp1_reads
             if reach and reach.remotes:
                 self.facts.remotes[position] = reach.remotes
+            wrapped = handed(self.ctx, module, stack) if keeps_parameters and converts else None
+            if wrapped is not None:
+                self.facts.wraps_handed[position] = wrapped
             if module is not None:
                 self._tie(self._origins(module, stack, wrapped=True)[0] | {position}, node, stack)
                 if not fsdp_models(self.ctx).built_in_sight(module, stack):

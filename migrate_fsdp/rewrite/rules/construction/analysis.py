@@ -5,23 +5,15 @@ whole file in view (a module-level `policy = ...` may be written below the
 function that uses it).
 """
 
-import re
-
 import libcst as cst
 from libcst.metadata import Assignment
 
-from migrate_fsdp.rewrite.analysis.models import PARAMETER_READS
+from migrate_fsdp.rewrite.analysis.kept_parameters import keeping
 from migrate_fsdp.rewrite.rules.construction.arguments import Definition, Definitions
 from migrate_fsdp.rewrite.rules.construction.codegen import Names, assign, is_reevaluable
 from migrate_fsdp.rewrite.rules.construction.devices import SET_DEVICE, TORCH_DEVICE
 from migrate_fsdp.rewrite.syntax import chain_root, dotted, subtree_ids, walk
 
-
-_REDUCERS = ("sum", "len", "print", "any", "all", "max", "min", "int", "float", "str", "repr", "format")
-_KEEPERS = ("append", "extend", "add_param_group", "update", "insert")
-# A function handed the module whose name says it builds an optimizer or parameter groups from it
-# (`build_optimizer(net)`, `get_param_groups(model)`, `torch.optim.AdamW(...)`).
-_BUILDS_OPTIMIZERS = re.compile(r"optim|group|adam|sgd", re.IGNORECASE)
 
 
 class Analysis:
@@ -36,7 +28,6 @@ class Analysis:
         self._inits: list[int] = []  # positions of statements calling init_process_group
         self.fsdp1_arguments: set[int] = set()  # ids of every node inside FSDP1 calls and their kwargs dicts
         self._kept_parameters: list[tuple[cst.Name, int, cst.CSTNode]] = []  # (module name, position, statement)
-        self._calls: dict[str, list[cst.Call]] = {}  # function name -> the calls of it by that name (`f(x)`, `self.f(x)`)
 
     # ----- fed by the read-only pass ------------------------------------------------------
 
@@ -61,65 +52,19 @@ class Analysis:
             self.current_devices.add(self.ctx.code(node.args[0].value))
         if self.ctx.matches(node.func, "torch.distributed.init_process_group"):
             self._inits.append(len(self.order) - 1)
-        func = node.func
-        called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
-        if called is not None:
-            self._calls.setdefault(called, []).append(node)
-        if isinstance(func, cst.Attribute) and func.attr.value in PARAMETER_READS and isinstance(func.value, cst.Name):
-            statement = None if self._names_only(node) else self._keeping_statement()
-            if statement is not None:
-                self._kept_parameters.append((func.value, len(self.order) - 1, statement))
-        handed = [arg.value for arg in node.args if isinstance(arg.value, cst.Name) and not arg.star]
-        if handed and _BUILDS_OPTIMIZERS.search(dotted(func).rsplit(".", 1)[-1]):  # `build_optimizer(net)`
-            statement = self._keeping_statement()
-            if statement is not None:
-                self._kept_parameters.extend((name, len(self.order) - 1, statement) for name in handed)
-
-    def _names_only(self, call: cst.Call) -> bool:
-        """`[n for n, p in net.named_parameters() if ...]`: the names, which fully_shard keeps, not the parameters."""
-        stack = self.ctx.stack
-        loop = stack[-2] if len(stack) >= 2 else None
-        comprehension = stack[-3] if len(stack) >= 3 else None
-        if not (isinstance(loop, cst.CompFor) and loop.iter is call and isinstance(comprehension, (cst.ListComp, cst.SetComp))):
-            return False
-        target = loop.target
-        name = target.elements[0].value if isinstance(target, cst.Tuple) and len(target.elements) == 2 else None
-        return isinstance(name, cst.Name) and isinstance(comprehension.elt, cst.Name) and comprehension.elt.value == name.value
-
-    def _keeping_statement(self) -> cst.CSTNode | None:
-        """The statement around the call visited, when it keeps what the call returns (`opt = SGD(net.parameters())`,
-        `groups.append({"params": [...]})`) rather than reducing it (`sum(p.numel() for p in ...)`) or looping."""
-        for node in reversed(self.ctx.stack[:-1]):
-            if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in _REDUCERS:
-                return None
-            if isinstance(node, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
-                return node
-            if isinstance(node, cst.Expr):
-                call = node.value
-                keeps = isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in _KEEPERS
-                return node if keeps else None
-            if isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
-                return None
-        return None
+        names, statement = keeping(node, self.ctx.stack[:-1])
+        if statement is not None:
+            self._kept_parameters.extend((name, len(self.order) - 1, statement) for name in names)
 
     def parameters_kept_before(self, module, call: cst.Call) -> cst.CSTNode | None:
         """A statement before the constructor `call`, in the same scope, that keeps `module`'s parameters
         (`opt = SGD(net.parameters())`): FSDP1 with use_orig_params=True kept those Parameter objects, fully_shard
-        replaces them, so what it kept would no longer train the model."""
+        replaces them, so what it kept would no longer train the model. Callers keeping them before they call the
+        function wrapping it are the program's to find (analysis/kept_parameters.py)."""
         if not isinstance(module, cst.Name):
             return None
         # what the constructor itself is given (`ignored_states=frozen_params`) is not replaced: it stays unsharded
         given = {node.value for node, _ in walk(*call.args) if isinstance(node, cst.Name)}
-        kept = self._kept_before(module, call, given)
-        if kept is not None:
-            return kept
-        for caller, handed in self._callers_handing(module):  # `model = wrap_model(model)` of `def wrap_model(m)`
-            kept = self._kept_before(handed, caller, frozenset())
-            if kept is not None:
-                return kept
-        return None
-
-    def _kept_before(self, module: cst.Name, call: cst.Call, given) -> cst.CSTNode | None:
         at = self.definitions.calls.get(id(call))
         scope = self.ctx.scope(module)
         for name, position, statement in self._kept_parameters:
@@ -130,31 +75,6 @@ class Analysis:
             if not bound & given:
                 return statement
         return None
-
-    def _callers_handing(self, module: cst.Name) -> list[tuple[cst.Call, cst.Name]]:
-        """The calls of this file handing a name to the function whose parameter `module` is: (call, name)."""
-        scope = self.ctx.scope(module)
-        bindings = scope[module.value] if scope is not None else set()
-        params = [b.node for b in bindings if isinstance(getattr(b, "node", None), cst.Param)]
-        if len(params) != 1:
-            return []
-        function = next(
-            (n for n, _ in walk(self.ctx.module) if isinstance(n, cst.FunctionDef) and params[0] in n.params.params), None
-        )
-        if function is None:
-            return []
-        positional = list(function.params.params)
-        index = positional.index(params[0]) if params[0] in positional else None
-        if index is not None and positional and positional[0].name.value == "self":
-            index -= 1
-        found = []
-        for caller in self._calls.get(function.name.value, []):
-            handed = next((a.value for a in caller.args if a.keyword is not None and a.keyword.value == module.value), None)
-            if handed is None and index is not None and index < len(caller.args) and not any(a.star or a.keyword for a in caller.args[: index + 1]):
-                handed = caller.args[index].value
-            if isinstance(handed, cst.Name):
-                found.append((caller, handed))
-        return found
 
     def read_once(self, value: cst.BaseExpression, plan, *candidates: str) -> cst.BaseExpression:
         """`value` where the converted call's statements read it more than once: itself when reading it again gives
