@@ -152,3 +152,19 @@ def test_norms_summed_over_shards_by_hand_give_fsdp1s_numbers(tmp_path, flags):
         _run(tmp_path, GRAD_NORM_MODULE, "before", "train.py", "model.pt", *flags),
         _run(tmp_path, GRAD_NORM_MODULE, "after", "train.py", "model.pt", *flags),
     )
+
+
+POLICY_HANDED = FIXTURES / "projects" / "policy_handed_to_a_setup_function"
+
+
+def test_policies_handed_to_a_setup_function_convert_where_written_and_train_alike(tmp_path):
+    """fixtures/projects/policy_handed_to_a_setup_function: the wrap policies and the bf16 mixed precision reach the
+    constructor as arguments of the project's setup function (inline, through a variable, imported); each converts
+    where it is written, no FSDP1 is left, and the losses are FSDP1's."""
+    steps = {}
+    for side in ("before", "after"):
+        project = tmp_path / side
+        shutil.copytree(POLICY_HANDED / side, project)
+        steps[side] = step_lines(torchrun(project / "train.py", env={"PYTHONPATH": str(project)}).stdout)
+    assert len(steps["before"]) == 4 and steps["after"] == steps["before"]
+    assert not any("torch.distributed.fsdp.wrap" in p.read_text() for p in (POLICY_HANDED / "after").glob("*.py"))

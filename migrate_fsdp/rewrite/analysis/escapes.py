@@ -133,7 +133,7 @@ def _positions(ctx, nodes) -> frozenset:
 
 def parameter_reach(ctx, function: cst.FunctionDef, index: int | None, keyword: str | None) -> Reach | None:
     """Where a model handed to `function` (by position `index` or `keyword`) goes in this file; None: out of sight."""
-    parameter = _parameter(function, index, keyword)
+    parameter = bound_parameter(function, index, keyword)
     if parameter is None:
         return None
     callees: set[str] = {function.name.value}
@@ -202,16 +202,16 @@ def _read(
         call = ancestors[-2]
         if _cannot_hold_user_code(ctx, call.func):
             return
-        binding = _binding(call, parent)
+        binding = argument_binding(call, parent)
         if binding is None:
             raise Escape
-        callee = _local_function(ctx, call.func)
+        callee = local_function(ctx, call.func)
         result = (call, ancestors[:-2])  # where the call's value goes: the model itself, if the callee hands it back
         if callee is None and remotes is not None and factory_in is None:
             in_sight = _in_sight(ctx, *result, callees, seen, remotes, returned, fsdp1_reads)
             remotes.add(Remote(_remote_name(ctx, call), *binding, in_sight))
             return
-        parameter = _parameter(callee, *binding) if callee is not None else None
+        parameter = bound_parameter(callee, *binding) if callee is not None else None
         if parameter is None:
             raise Escape
         callees.add(callee.name.value)
@@ -244,8 +244,8 @@ def _parameters_handed(ctx, read: cst.Attribute, ancestors, remotes) -> None:
     made, arg, call = ancestors[-2], ancestors[-3], ancestors[-4]
     if not (isinstance(made, cst.Call) and made.func is read and isinstance(arg, cst.Arg) and isinstance(call, cst.Call)):
         return
-    binding = _binding(call, arg)
-    if binding is None or _cannot_hold_user_code(ctx, call.func) or _local_function(ctx, call.func) is not None:
+    binding = argument_binding(call, arg)
+    if binding is None or _cannot_hold_user_code(ctx, call.func) or local_function(ctx, call.func) is not None:
         return
     try:
         remotes.add(Remote(_remote_name(ctx, call), *binding, parameters=True))
@@ -277,7 +277,7 @@ def _made(ctx, function: cst.FunctionDef, call: cst.Call, ancestors, callees: se
         _follow(ctx, function, target, callees, seen, remotes)
 
 
-def _binding(call: cst.Call, arg: cst.Arg) -> tuple[int | None, str | None] | None:
+def argument_binding(call: cst.Call, arg: cst.Arg) -> tuple[int | None, str | None] | None:
     """(position, keyword) by which `arg` of `call` binds a parameter; None when a `*`/`**` hides it."""
     if arg.star:
         return None
@@ -300,7 +300,7 @@ def _remote_name(ctx, call: cst.Call) -> str:
     return name
 
 
-def _local_function(ctx, func) -> cst.FunctionDef | None:
+def local_function(ctx, func) -> cst.FunctionDef | None:
     """The module-level or nested `def` a called name refers to, when it is the only binding in sight."""
     if not isinstance(func, cst.Name):
         return None
@@ -325,7 +325,7 @@ def transparent(ctx, function: cst.FunctionDef) -> bool:
     return True
 
 
-def _parameter(function: cst.FunctionDef, index: int | None, keyword: str | None) -> cst.Name | None:
+def bound_parameter(function: cst.FunctionDef, index: int | None, keyword: str | None) -> cst.Name | None:
     """The parameter of `function` bound by position `index` or by `keyword`, when plain Python binding says so."""
     params = function.params
     positional = (*params.posonly_params, *params.params)

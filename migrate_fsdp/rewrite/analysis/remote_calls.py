@@ -82,16 +82,24 @@ class RemoteCalls:
         return [self._paths[_normal(candidate)] for candidate in candidates]
 
     def _follow(self, path: str, name: str, remote: Remote) -> Reach | None:
+        function = self.function(path, name)
+        return None if function is None else parameter_reach(self.context(path), function, remote.index, remote.keyword)
+
+    def function(self, path: str, name: str) -> cst.FunctionDef | None:
+        """The module-level function `name` of `path`, when a call of it runs its body with the arguments given."""
         ctx = self.context(path)
         if ctx is None:
             return None
-        function = next(
+        return next(
             (s for s in ctx.module.body if isinstance(s, cst.FunctionDef) and s.name.value == name and transparent(ctx, s)),
             None,
         )
-        if function is None:
-            return None
-        return parameter_reach(ctx, function, remote.index, remote.keyword)
+
+    def called(self, caller: str, qualified: str) -> tuple[str, cst.FunctionDef] | None:
+        """(its file, the function) of the program that a call in `caller` of `qualified` (as imported) runs."""
+        found = self._resolve(caller, qualified)
+        function = None if found is None else self.function(*found)
+        return None if function is None else (found[0], function)
 
     def context(self, path: str):
         """The file's analysis context (None when it cannot be read), built once."""

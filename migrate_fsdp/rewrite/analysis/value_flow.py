@@ -14,8 +14,10 @@ conditional and boolean expressions, `return` (also as an element of a
 returned tuple that the caller unpacks), every call of the function that
 returns it (in its file, or imported by another module), every import of a
 module-level name (also through a package's star re-exports) and read
-through an imported module (`policies.bf16`), and into a keyword argument
-(a constructor's, or an `_or_policy`'s `policies=[...]`: decide judges them).
+through an imported module (`policies.bf16`), into an argument of a function
+of the program (`setup(model, auto_wrap_policy=policy)`: its parameter is
+followed there), and into a keyword argument of any other call (a
+constructor's, or an `_or_policy`'s `policies=[...]`: decide judges them).
 Printing it is harmless. Anything else it meets means it may reach code out
 of sight.
 """
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import ClassScope, GlobalScope
 
+from migrate_fsdp.rewrite.analysis.escapes import argument_binding, bound_parameter, local_function
 from migrate_fsdp.rewrite.analysis.models import assignments_of
 from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
 from migrate_fsdp.rewrite.syntax import dotted, walk
@@ -78,7 +81,7 @@ class ValueFlow:
         scope = ctx.scope(name)
         if scope is None or isinstance(scope, ClassScope):
             raise _OutOfSight
-        assignment = next((a for a in assignments_of(scope, name.value) if a.node is name), None)
+        assignment = next((a for a in assignments_of(scope, name.value) if a.node is name or getattr(a.node, "name", None) is name), None)
         if assignment is None:
             raise _OutOfSight
         for access in assignment.references:
@@ -140,12 +143,31 @@ class ValueFlow:
             raise _OutOfSight  # a class's base
         if ctx.matches(call.func, *_HARMLESS):
             return
+        callee = self._program_function(path, ctx, call)
+        if callee is not None:  # `setup(model, auto_wrap_policy=policy)`: where its parameter goes there
+            binding = argument_binding(call, arg)
+            parameter = bound_parameter(callee[1], *binding) if binding is not None else None
+            if parameter is None:
+                raise _OutOfSight
+            self._binding(callee[0], parameter, found, seen)
+            return
         if arg.keyword is None or arg.star:
             raise _OutOfSight
         if ctx.matches(call.func, "builtins.dict"):  # `kw = dict(auto_wrap_policy=policy)`: an item keyed by its name
             self._value(path, call, found, seen, held=arg.keyword.value)
             return
         found.add(Sink(path, ctx.position(call), arg.keyword.value))
+
+    def _program_function(self, path: str, ctx, call: cst.Call) -> tuple[str, cst.FunctionDef] | None:
+        """(its file, the function) when `call` runs a function of the program: of its file or imported."""
+        local = local_function(ctx, call.func)
+        if local is not None:
+            return path, local
+        names = ctx.qualified_names(call.func)
+        qualified = next(iter(names)) if len(names) == 1 else ""
+        if "." not in qualified.lstrip(".") or qualified.startswith(("builtins.", "torch.", "functools.")):
+            return None
+        return self.calls.called(path, qualified)
 
     def _returned(self, path: str, ret: cst.Return, index: int | None, found: set, seen: set) -> None:
         """Returned by a module-level function (element `index` of a tuple): wherever its calls' results go."""
