@@ -58,9 +58,12 @@ class ValueFlow:
         self._parents: dict[str, dict[int, cst.CSTNode]] = {}
 
     def sinks(self, path: str, position: Position) -> frozenset[Sink] | None:
-        """Every keyword argument the value of the call at `position` in `path` reaches; None: out of sight."""
+        """Every keyword argument the value of the call (or attribute: `ShardingStrategy.X`) at `position` in `path`
+        reaches; None: out of sight."""
         ctx = self.calls.context(path)
-        built = None if ctx is None else next((n for n, _ in walk(ctx.module) if isinstance(n, cst.Call) and ctx.position(n) == position), None)
+        built = None if ctx is None else next(
+            (n for n, _ in walk(ctx.module) if isinstance(n, (cst.Call, cst.Attribute)) and ctx.position(n) == position), None
+        )
         if built is None:
             return None
         found: set[Sink] = set()
@@ -128,6 +131,8 @@ class ValueFlow:
                 self._value(path, values, found, seen, held=True)
         elif isinstance(parent, cst.Arg) and parent.value is node:
             self._argument(path, parent, found, seen)
+        elif isinstance(parent, cst.Param) and parent.default is node:  # `def shard(m, strategy=<the value>)`
+            self._binding(path, parent.name, found, seen)
         else:
             raise _OutOfSight
 

@@ -21,6 +21,7 @@ with the advice of its keyword's rule.
   them. No helper reads an FSDP1 CustomPolicy, so the constructors one reaches
   convert together with it or stay together, all of them when `f` may
   return FSDP1 arguments.
+- `ShardingStrategy.X` -> `"X"`, which the sharding helpers read as they read the member.
 - `functools.partial(size_based_auto_wrap_policy, ...)`,
   `functools.partial(lambda_auto_wrap_policy, lambda_fn=f)` and
   `functools.partial(_or_policy, policies=[...])` -> the same partial of a
@@ -30,6 +31,7 @@ with the advice of its keyword's rule.
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
 from migrate_fsdp.rewrite.rule import Rule
 from migrate_fsdp.rewrite.rules.construction.analysis import function_binding
 from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import (
@@ -42,8 +44,9 @@ from migrate_fsdp.rewrite.rules.construction.auto_wrap_policy import (
     may_return_kwargs,
     only_argument,
 )
-from migrate_fsdp.rewrite.rules.construction.codegen import call
+from migrate_fsdp.rewrite.rules.construction.codegen import call, string
 from migrate_fsdp.rewrite.rules.construction.mixed_precision import MIXED_PRECISION
+from migrate_fsdp.rewrite.rules.construction.sharding_strategy import strategy_member
 
 HELPER = "fsdp2_mixed_precision"
 LAMBDA_HELPER = "_fsdp1_lambda_policy"
@@ -91,6 +94,24 @@ class SettingsWhereDefined(Rule):
             ctx.mark_handled(node)
 
     def leave_Call(self, original: cst.Call, updated):
+        return self._converted.pop(id(original), updated)
+
+    def collect_Attribute(self, node: cst.Attribute) -> None:
+        """`ShardingStrategy.X` apart from a constructor becomes `"X"`, which the sharding helpers read too. Judged in
+        the read-only walk, before a member left over is reported in the rewriting one."""
+        ctx = self.ctx
+        member = strategy_member(ctx, node)
+        if member is None:
+            return
+        parent = ctx.stack[-2] if len(ctx.stack) >= 2 else None
+        read = isinstance(parent, cst.Attribute) and parent.value is node or isinstance(parent, cst.Call) and parent.func is node
+        if read or any(isinstance(n, cst.Call) and ctx.matches(n.func, FSDP_CLASS) for n in ctx.stack):
+            return  # `ShardingStrategy.X.name` reads the member itself; a constructor's own argument is its rule's
+        if ctx.program.setting(node):
+            self._converted[id(node)] = string(member)
+            ctx.mark_handled(node)
+
+    def leave_Attribute(self, original: cst.Attribute, updated):
         return self._converted.pop(id(original), updated)
 
     def _convertible(self, node: cst.Call) -> bool:

@@ -139,12 +139,7 @@ class ShardingStrategyRule(KeywordRule):
         node.visit(_Find())
 
     def member(self, node) -> str | None:
-        """"FULL_SHARD" for `ShardingStrategy.FULL_SHARD`, however spelt; None otherwise."""
-        for name in self.ctx.qualified_names(node):
-            head, _, member = name.rpartition(".")
-            if head == SHARDING_STRATEGY and member in MEMBERS:
-                return member
-        return None
+        return strategy_member(self.ctx, node)
 
     def _uses(self, node) -> list:
         """The ShardingStrategy references in `node`: `ShardingStrategy.X`, and `ShardingStrategy` in `[...]`."""
@@ -205,3 +200,12 @@ class ShardingStrategyRule(KeywordRule):
                 return updated
 
         return node.visit(_Replace())
+
+
+def strategy_member(ctx, node) -> str | None:
+    """"FULL_SHARD" for `ShardingStrategy.FULL_SHARD`, however spelt; None otherwise."""
+    for name in ctx.qualified_names(node):
+        head, _, member = name.rpartition(".")
+        if head == SHARDING_STRATEGY and member in MEMBERS:
+            return member
+    return None

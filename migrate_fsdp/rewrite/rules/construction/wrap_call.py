@@ -497,6 +497,8 @@ def _read_at_run_time(plan: Plan) -> frozenset:
         reads.add("mixed_precision")
     if plan.policy is not None and plan.policy.runtime is not None:
         reads.add("auto_wrap_policy")
+    if plan.strategy.runtime is not None:  # the sharding helpers take a member or its name
+        reads.add("sharding_strategy")
     return frozenset(reads)
 
 
