@@ -50,6 +50,7 @@ TODO_REASONS = {
     "MF216": "sum of FSDP1 shards all-reduced by hand",
     "MF217": "parameter storage swapped after FSDP1 wrapping",
     "MF218": "clipping norm is now global, not this rank's",
+    "MF219": "FSDP1 LOCAL checkpoints do not load here",
     "MF900": "FSDP1 API with no automatic rewrite",
 }
 

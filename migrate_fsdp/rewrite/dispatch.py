@@ -162,13 +162,17 @@ class Dispatcher(cst.CSTTransformer):
 
     def _apply_statement_edits(self, original, updated):
         edits = self.ctx.pop_edits(original)
-        if edits is None or not isinstance(updated, _STATEMENT_TYPES):
+        if edits is None:
             return updated
         todo = self.ctx.todo_line(original, edits.todos) if edits.todos else None
+        if isinstance(updated, cst.FlattenSentinel) and updated.nodes and isinstance(updated.nodes[0], _STATEMENT_TYPES):
+            # A statement replaced by its body (a `with` block that goes): a heads-up on it goes above the body.
+            nodes = list(updated.nodes)
+            return cst.FlattenSentinel([_with_todo(nodes[0], todo), *nodes[1:]]) if todo is not None else updated
+        if not isinstance(updated, _STATEMENT_TYPES):
+            return updated
         if todo is not None:
-            # One TODO a statement: a re-run's (or an older run's) line is replaced, not repeated.
-            kept = [line for line in updated.leading_lines if not (line.comment and is_todo(line.comment.value))]
-            updated = updated.with_changes(leading_lines=[*kept, cst.EmptyLine(comment=cst.Comment(todo))])
+            updated = _with_todo(updated, todo)
         if not (edits.before or edits.after):
             return updated
         group = [*edits.before, updated, *edits.after]
@@ -196,3 +200,10 @@ class Dispatcher(cst.CSTTransformer):
                 statement = statement.with_changes(leading_lines=[cst.EmptyLine(indent=False)] * max(0, wanted - blank) + lines)
             spaced.append(statement)
         return spaced
+
+
+def _with_todo(statement, todo: str):
+    """`statement` with the TODO line `todo` last above it: one a statement, so a re-run's (or an older run's)
+    line is replaced, not repeated."""
+    kept = [line for line in statement.leading_lines if not (line.comment and is_todo(line.comment.value))]
+    return statement.with_changes(leading_lines=[*kept, cst.EmptyLine(comment=cst.Comment(todo))])

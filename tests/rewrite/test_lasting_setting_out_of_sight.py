@@ -42,7 +42,7 @@ def _rewrite(source: str):
 @pytest.mark.parametrize("kind", ["SHARDED_STATE_DICT", "LOCAL_STATE_DICT"])
 def test_a_sharded_setting_converts_with_its_model(kind):
     out, codes = _rewrite(SETUP.format(config="", kind=kind, argument=""))
-    assert codes == []
+    assert codes == (["MF219"] if kind == "LOCAL_STATE_DICT" else [])  # a heads-up: FSDP1's LOCAL files do not load
     assert "fully_shard(net" in out and "set_state_dict_type" not in out
 
 
