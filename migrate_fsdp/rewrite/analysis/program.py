@@ -686,6 +686,7 @@ class Gate:
             declared=declarations(ctx.module),
             script=any(is_main_guard(statement) for statement in ctx.module.body),
         )
+        self._replicating: set = set()  # Positions of this file's constructors sharding nothing (NO_SHARD)
 
     def constructor(
         self,
@@ -698,12 +699,14 @@ class Gate:
         flat_names: bool = True,
         module=None,
         keeps_parameters: bool = False,
+        replicates: bool = False,
     ) -> str | None:
         """Why the constructor `node` (at `stack`) must stay FSDP1 although it could convert, if it must.
         `reads`: its keywords whose values a helper reads at run time, in their FSDP1 or FSDP2 form;
         `part_of_world`: it may shard its model over some ranks only; `own_group`: over a group of the user's;
         `flat_names`: FSDP1 named its model's flat parameters (use_orig_params was not True);
         `keeps_parameters`: FSDP1 kept the module's Parameter objects (use_orig_params may be True);
+        `replicates`: its strategy is NO_SHARD, so every rank held whole parameters (Gate.replicated);
         `module`: the module it wraps, which may hold models sharded before (`model[i] = FSDP(model[i])`, then
         `FSDP(model)`): FSDP1 cannot wrap FSDP2's DTensor parameters, nor FSDP2 FSDP1's flat ones, so those
         constructors stand or fall with this one."""
@@ -712,6 +715,8 @@ class Gate:
         self.facts.own_groups |= own_group and converts
         self.facts.flat_names |= flat_names and converts
         self.facts.constructors[position] = converts
+        if replicates:
+            self._replicating.add(position)
         self.facts.reads[position] = reads
         function = next((n for n in reversed(stack) if isinstance(n, (cst.FunctionDef, cst.ClassDef))), None)
         self.facts.places[position] = f"{function.name.value}()" if isinstance(function, cst.FunctionDef) else ""
@@ -898,6 +903,12 @@ class Gate:
                 untied = untied or origins.untied
                 fsdp2 = fsdp2 or origins.fsdp2
         return ties, untied, fsdp2
+
+    def replicated(self, node, stack) -> bool:
+        """Whether every model that may reach `node` is one of this file's NO_SHARD constructors' (whole parameters
+        on every rank, under FSDP1 as under FSDP2)."""
+        ties, untied, fsdp2 = self._origins(node, stack)
+        return bool(ties) and not untied and not fsdp2 and ties <= self._replicating
 
     def traced(self, node) -> bool:
         """Whether the program traced every model that may reach the dispatchable use `node` to a constructor

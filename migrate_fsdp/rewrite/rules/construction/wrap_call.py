@@ -30,7 +30,7 @@ from migrate_fsdp.rewrite.rules.construction.meta_init import MetaInitRule
 from migrate_fsdp.rewrite.rules.construction.mixed_precision import MixedPrecisionRule, RunTime
 from migrate_fsdp.rewrite.rules.construction.plan import CallSite, Plan, Problem, Unconvertible
 from migrate_fsdp.rewrite.rules.construction.removed_kwargs import BACKWARD_PREFETCH, RemovedKwargs
-from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID, SHARDING_STRATEGY, ShardingStrategyRule
+from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID, MEMBERS, SHARDING_STRATEGY, ShardingStrategyRule
 from migrate_fsdp.rewrite.syntax import chain_root, dotted, subtree_ids
 
 FSDP_CLASS = "torch.distributed.fsdp.FullyShardedDataParallel"
@@ -164,6 +164,7 @@ class WrapCall(Rule):
                 flat_names=not self.analysis.literal_bool(plan.value("use_orig_params")),
                 module=plan.module,
                 keeps_parameters=_keeps_parameters(plan, self.analysis),
+                replicates=not plan.strategy.may_be(set(MEMBERS) - {"NO_SHARD"}),
             )
             if why is not None:
                 plan.problems.append(Problem(site.node, BLOCKED, _LEFT_AS_IS + why))

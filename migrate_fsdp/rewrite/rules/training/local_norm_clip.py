@@ -4,7 +4,7 @@ FSDP1's `model.parameters()` outside forward are this rank's flat shards, so tor
 rank's shard alone and each rank scaled its shard by its own factor (the reason FSDP1 has `model.clip_grad_norm_`).
 FSDP2's are DTensors, and the same call takes the global norm: what the code was written for, and what FSDP1's
 method gave. Where clipping is active, training changes from the first clipped step, so it is reported; the model
-converts.
+converts. A NO_SHARD model of the file is not: its parameters were whole on every rank.
 """
 
 import libcst as cst
@@ -29,8 +29,11 @@ class LocalNormClip(TrainingRule):
         model = parameters_source(self.ctx, original.args[0].value)
         if model is None or not self.models.is_fsdp_model(model):
             return updated
-        if self.ctx.program.use(model, self.code, tuple(self.ctx.stack)) is not None:
+        stack = tuple(self.ctx.stack)
+        if self.ctx.program.use(model, self.code, stack) is not None:
             return updated  # the model stays FSDP1: the call means what it meant
+        if self.ctx.program.replicated(model, stack):
+            return updated  # NO_SHARD: FSDP1's parameters were whole, the rank's norm the global one
         self.ctx.report(
             original,
             self.code,
