@@ -236,6 +236,12 @@ def test_wrap_targets_take_the_classes_of_a_policy_converted_where_it_was_define
     assert picked == [model[0][0], model[0][1], model[1], model[2][0]]
 
 
+def test_a_policy_of_none_wraps_nothing_as_fsdp1_did():
+    """`auto_wrap_policy=None` chosen at run time (a NO_SHARD branch) through a kwargs dict: no unit but the root."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    assert helper("_fsdp1_wrap_targets")(model, None, full_precision=nn.modules.batchnorm._BatchNorm) == []
+
+
 def test_lambda_and_or_policies_defined_in_fsdp2_form_pick_what_fsdp1s_picked():
     import functools
 

@@ -1,8 +1,9 @@
 """Code that already serves FSDP1 and FSDP2 side by side, which the rewrite must leave working.
 
 A project that supports both versions dispatches on them: an `if` whose test
-names FSDP2 (`isinstance(m, FSDPModule)`) or a torch version while its
-branches hold FSDP1 code, an if/elif chain with an FSDP1 branch and an FSDP2
+names FSDP2 (`isinstance(m, FSDPModule)`), or a torch version while some
+branch holds FSDP1 code and another does not (every branch FSDP1's picks
+between two torch versions' FSDP1 calls: plain FSDP1 code), an if/elif chain with an FSDP1 branch and an FSDP2
 one (`if strategy == "fsdp": FSDP(...)` / `elif strategy == "fsdp2":
 fully_shard(...)`), a tuple naming both classes, a function kept for
 FSDP1 beside its FSDP2 twin (`save_fsdp1` next to `save_fsdp2`). Rewriting
@@ -159,11 +160,13 @@ class DualVersionRegions:
             bodies.append(rest)
         if any(self._versions(test)[1] for test in tests):
             return _TESTS_FSDP2
+        versions = [self._branch_versions(body) for body in bodies]
         if any(_VERSION_TEST.search(self.ctx.code(test)) for test in tests):
-            return "tests the torch version"
+            # Every branch FSDP1's (`optim_state_dict_to_load`'s argument order before torch 2.1 and after): FSDP1
+            # code for two torch versions, which converts as any FSDP1 code does.
+            return None if all(one and not two for one, two in versions) else "tests the torch version"
         if any(_FSDP_VERSION_SETTING.search(self.ctx.code(test)) for test in tests):
             return _TESTS_SETTING  # `if cfg.fsdp_version == 2:`, `if args.use_fsdp2:`
-        versions = [self._branch_versions(body) for body in bodies]
         if any(one and not two for one, two in versions) and any(two and not one for one, two in versions):
             return "picks FSDP1 or FSDP2 by a setting"  # `if strategy == "fsdp": FSDP(...) elif ... "fsdp2": fully_shard(...)`
         return None

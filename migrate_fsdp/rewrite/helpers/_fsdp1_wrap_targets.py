@@ -16,8 +16,10 @@ def _fsdp1_wrap_targets(
     `full_precision` are the classes FSDP1 also wrapped on their own under mixed
     precision (a class or a tuple, as isinstance takes them; `()` without mixed
     precision, where FSDP1 did not force recursion); `ignored_modules` are whole
-    subtrees.
+    subtrees. A policy of None (FSDP1's default, or chosen at run time) wraps nothing.
     """
+    if policy is None:
+        return []
     if isinstance(policy, tuple):
         classes = policy
 
