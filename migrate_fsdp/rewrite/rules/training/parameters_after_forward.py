@@ -11,7 +11,8 @@ unsharded plain tensors: the usual EMA update
 fails mixing Tensor and DTensor, or, where both sides are unsharded, writes
 into buffers the next reshard drops. Before a statement under `torch.no_grad()`
 (or `inference_mode`, as a block or a decorator) that reads an FSDP model's
-parameters, the rewrite reshards that model, as FSDP1 had.
+parameters, or before a loop over them whose body turns grad off for its
+update, the rewrite reshards that model, as FSDP1 had.
 
 Nothing of FSDP1 is named here: where a model known to be FSDP1's stays
 FSDP1 the statement stays as it is, unreported. A module of unknown origin
@@ -49,7 +50,7 @@ class ParametersAfterForward(TrainingRule):
             return updated
         model = func.value
         stack = tuple(self.ctx.stack)
-        region = self._under_no_grad()
+        region = self._under_no_grad() or self._loop_under_no_grad()
         if region is None or not self.ctx.can_insert_statements():
             return updated
         # the update may follow the read in the same no_grad block (dinov2 collects both models' parameters into
@@ -72,6 +73,24 @@ class ParametersAfterForward(TrainingRule):
                 return node
             if isinstance(node, cst.FunctionDef) and any(self._no_grad(d.decorator) for d in node.decorators):
                 return node
+        return None
+
+    def _loop_under_no_grad(self) -> cst.CSTNode | None:
+        """The `for` loop whose iterable holds the node visited, when its body turns grad off for its update
+        (`for pe, pm in zip(ema.parameters(), model.parameters()): with torch.no_grad(): pe.copy_(...)`)."""
+        stack = self.ctx.stack
+        for index in range(len(stack) - 2, -1, -1):
+            node = stack[index]
+            if isinstance(node, cst.For):
+                if stack[index + 1] is not node.iter:
+                    return None
+                grad_off = any(
+                    isinstance(inner, cst.With) and any(self._no_grad(item.item) for item in inner.items)
+                    for inner, _ in walk(node.body)
+                )
+                return node if grad_off else None
+            if isinstance(node, (cst.BaseStatement, cst.BaseSmallStatement, cst.Lambda, cst.CompFor)):
+                return None
         return None
 
     def _no_grad(self, expression) -> bool:
