@@ -31,7 +31,7 @@ from migrate_fsdp.rewrite.rules.construction.mixed_precision import MixedPrecisi
 from migrate_fsdp.rewrite.rules.construction.plan import CallSite, Plan, Problem, Unconvertible
 from migrate_fsdp.rewrite.rules.construction.removed_kwargs import BACKWARD_PREFETCH, RemovedKwargs
 from migrate_fsdp.rewrite.rules.construction.sharding_strategy import HYBRID, MEMBERS, SHARDING_STRATEGY, ShardingStrategyRule
-from migrate_fsdp.rewrite.syntax import chain_root, dotted, subtree_ids
+from migrate_fsdp.rewrite.syntax import chain_root, dotted, subtree_ids, walk
 
 FSDP_CLASS = "torch.distributed.fsdp.FullyShardedDataParallel"
 PARTIAL = "functools.partial"
@@ -383,6 +383,9 @@ class WrapCall(Rule):
         if plan is None or plan.problems:
             return updated
         emission = Emitter(self.analysis, self.rules, plan, updated).emit()
+        copied = self._copied_leftover(emission)
+        if copied is not None:  # reported now, as a second run would report it in the converted code
+            self.ctx.report(original, *copied)
         if emission.before:
             self.ctx.insert_before(emission.before)
         if emission.after:
@@ -390,6 +393,18 @@ class WrapCall(Rule):
         if emission.drop_target:
             self._assignments_dropped.add(id(plan.site.statement))
         return emission.replacement
+
+    def _copied_leftover(self, emission) -> tuple[str, str] | None:
+        """(code, message) for an FSDP1 name the converted code copies from the user's (the test of an `if` filling the
+        call's kwargs: `device_mesh if strategy in (ShardingStrategy.HYBRID_SHARD, ...) else None`)."""
+        roots = [node for node in (*emission.before, emission.replacement, *emission.after) if node is not None]
+        for node, parents in walk(*roots):
+            if isinstance(node, (cst.Name, cst.Attribute)) and not (parents and isinstance(parents[-1], cst.Attribute)):
+                for qualified in sorted(self.ctx.fsdp1_names(node)):
+                    found = self._leftovers.get(qualified) or self._leftovers.get(qualified.rpartition(".")[0])
+                    if found:
+                        return found
+        return None
 
     def leave_Attribute(self, original, updated):
         name = self._member_names.get(id(original))
