@@ -85,9 +85,10 @@ def _values_assigned(ctx, root, target: str) -> list:
 def _modules_of(ctx, name: str) -> cst.BaseExpression | None:
     """The model whose `modules()` the innermost loop binding `name` walks."""
     for node in reversed(ctx.stack):
-        if isinstance(node, LOOPS) and isinstance(node.target, cst.Name) and node.target.value == name:
+        if isinstance(node, LOOPS) and _parameter_name(node.target) == name:  # `m`, or `mn, m` of named_modules()
             call = node.iter
-            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "modules":
+            walked = "named_modules" if isinstance(node.target, cst.Tuple) else "modules"
+            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == walked:
                 return call.func.value
             return None
     return None
@@ -140,8 +141,31 @@ def model_named(ctx, name: str) -> cst.BaseExpression | None:
         if isinstance(node, LOOPS) and _binds_name(node.target, name):
             call = node.iter
             named = isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value != "parameters"
-            return parameters_of(ctx, call) if named else None
+            model = parameters_source(ctx, call) if named else None
+            # `m` of `for mn, m in model.named_modules()`: its names are parts of the model's
+            return (_modules_of(ctx, model.value) or model) if isinstance(model, cst.Name) else model
+    for joined in _joined_names(ctx, name):  # `fpn = f"{mn}.{pn}"` of `for pn, p in m.named_parameters()`
+        model = model_named(ctx, joined) if joined != name else None
+        if model is not None:
+            return model
     return None
+
+
+def _joined_names(ctx, name: str) -> list[str]:
+    """The names a variable assigned once in the innermost function spells a parameter's full name from
+    (`fpn = f"{mn}.{pn}" if mn else pn`, `mn + "." + pn`)."""
+    function = next((n for n in reversed(ctx.stack) if isinstance(n, cst.FunctionDef)), None)
+    if function is None:
+        return []
+    values = [
+        node.value
+        for node, _ in walk(function.body)
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)
+        and node.targets[0].target.value == name
+    ]
+    if len(values) != 1 or not isinstance(values[0], (cst.FormattedString, cst.BinaryOperation, cst.IfExp)):
+        return []
+    return [node.value for node, _ in walk(values[0]) if isinstance(node, cst.Name)]
 
 
 def _binds_name(target: cst.BaseExpression, name: str) -> bool:

@@ -383,9 +383,8 @@ class WrapCall(Rule):
         if plan is None or plan.problems:
             return updated
         emission = Emitter(self.analysis, self.rules, plan, updated).emit()
-        copied = self._copied_leftover(emission)
-        if copied is not None:  # reported now, as a second run would report it in the converted code
-            self.ctx.report(original, *copied)
+        for node, code, message in self._copied_leftovers(emission):  # reported now, as a second run would
+            self.ctx.report(node, code, message)
         if emission.before:
             self.ctx.insert_before(emission.before)
         if emission.after:
@@ -394,17 +393,19 @@ class WrapCall(Rule):
             self._assignments_dropped.add(id(plan.site.statement))
         return emission.replacement
 
-    def _copied_leftover(self, emission) -> tuple[str, str] | None:
-        """(code, message) for an FSDP1 name the converted code copies from the user's (the test of an `if` filling the
-        call's kwargs: `device_mesh if strategy in (ShardingStrategy.HYBRID_SHARD, ...) else None`)."""
+    def _copied_leftovers(self, emission) -> list[tuple[cst.CSTNode, str, str]]:
+        """(node, code, message) for each FSDP1 name the converted code copies from the user's (the test of an `if`
+        filling the call's kwargs: `device_mesh if strategy in (ShardingStrategy.HYBRID_SHARD, ...) else None`)."""
         roots = [node for node in (*emission.before, emission.replacement, *emission.after) if node is not None]
+        found = []
         for node, parents in walk(*roots):
             if isinstance(node, (cst.Name, cst.Attribute)) and not (parents and isinstance(parents[-1], cst.Attribute)):
                 for qualified in sorted(self.ctx.fsdp1_names(node)):
-                    found = self._leftovers.get(qualified) or self._leftovers.get(qualified.rpartition(".")[0])
-                    if found:
-                        return found
-        return None
+                    leftover = self._leftovers.get(qualified) or self._leftovers.get(qualified.rpartition(".")[0])
+                    if leftover:
+                        found.append((node, *leftover))
+                        break
+        return found
 
     def leave_Attribute(self, original, updated):
         name = self._member_names.get(id(original))

@@ -62,8 +62,11 @@ class ParameterShapes(TrainingRule):
         """`"bias" in n`, `n in no_decay` of a parameter name `n`: with use_orig_params=False FSDP1 named its flat
         parameters (`..._flat_param`), FSDP2 names each parameter, so groups picked by name change."""
         if len(original.comparisons) == 1 and isinstance(original.comparisons[0].operator, (cst.In, cst.NotIn)):
-            if isinstance(original.comparisons[0].comparator, cst.Name):  # `"bias" in n`: a part of the name
-                self._check_name(original.comparisons[0].comparator, original)
+            comparator = original.comparisons[0].comparator
+            if isinstance(comparator, cst.Call) and isinstance(comparator.func, cst.Attribute) and comparator.func.attr.value == "split":
+                comparator = comparator.func.value  # `"norm" in n.split(".")`: a part of the name too
+            if isinstance(comparator, cst.Name):  # `"bias" in n`: a part of the name
+                self._check_name(comparator, original)
             if isinstance(original.left, cst.Name):  # `n in names`: the whole name
                 self._check_name(original.left, original, whole=True)
         return updated
