@@ -38,6 +38,9 @@ class Rule:
     # What the rule's own reports are about: uses of models (left FSDP1, so the models must stay FSDP1 with
     # them: analysis/program.py), rather than constructors or their settings.
     reports_model_uses: ClassVar[bool] = False
+    # Its reports are heads-ups on code that converts (a checkpoint format, a norm that changes): they leave no
+    # FSDP1 behind, so the summary counts them apart from what stays unconverted.
+    heads_up: ClassVar[bool] = False
     # What the rule's rewrite gives other rules to count on when it is selected (FSDP2_MODELS,
     # OPTIMIZER_STATE): rules ask for a capability, never for another rule's code.
     provides: ClassVar[frozenset[str]] = frozenset()

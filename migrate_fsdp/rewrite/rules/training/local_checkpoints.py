@@ -21,6 +21,7 @@ class LocalCheckpoints(TrainingRule):
     name = "local-checkpoints"
     summary = "LOCAL_STATE_DICT checkpoints written by FSDP1 do not load into the converted model"
     reports_model_uses = False  # a heads-up on code that converts with its model: it holds nothing back
+    heads_up = True
     tokens = ((b"LOCAL_STATE_DICT",),)
 
     def visit_Call(self, node: cst.Call) -> None:

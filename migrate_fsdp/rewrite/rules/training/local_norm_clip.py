@@ -21,6 +21,7 @@ class LocalNormClip(TrainingRule):
     name = "local-norm-clip"
     summary = "torch's clip_grad_norm_ of an FSDP1 model's parameters took this rank's norm; on FSDP2 the global one"
     reports_model_uses = False  # a heads-up on code that converts with its model: it holds nothing back
+    heads_up = True
     tokens = ((b"clip_grad_norm",),)
 
     def leave_Call(self, original: cst.Call, updated):
