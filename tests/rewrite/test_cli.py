@@ -237,3 +237,18 @@ def test_write_keeps_file_mode(tree):
     os.chmod(path, 0o750)
     migrate(*LEFTOVER_ONLY, "pkg", cwd=tree)
     assert path.stat().st_mode & 0o777 == 0o750
+
+
+def test_a_heads_up_on_converted_code_is_counted_apart_from_what_stays(tmp_path):
+    """MF219 says LOCAL checkpoints an FSDP1 run wrote do not load: the model converted, nothing FSDP1 is left."""
+    (tmp_path / "save.py").write_text(
+        "import torch\n"
+        "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n"
+        "from torch.distributed.fsdp import StateDictType\n\n\n"
+        "def save(net, path):\n"
+        "    model = FSDP(net, device_id=torch.device('cpu'))\n"
+        "    with FSDP.state_dict_type(model, StateDictType.LOCAL_STATE_DICT):\n"
+        "        torch.save(model.state_dict(), path)\n"
+    )
+    done = migrate("--check", ".", cwd=tmp_path)
+    assert "Would rewrite 1 file (1 scanned); nothing left unconverted; 1 heads-up on converted code (MF219: 1)." in done.stderr
