@@ -80,6 +80,16 @@ def _keeping_statement(ancestors) -> cst.CSTNode | None:
     return None
 
 
+def kept_message(code: str, where: str = "") -> str:
+    """Why a constructor stays: `code`, the statement keeping the parameters (`where` it is, when elsewhere)."""
+    code = " ".join(code.split())
+    code = code if len(code) <= 60 else code[:57] + "..."
+    return (
+        f"`{code}`{where} keeps the parameters from before wrapping, which FSDP1 kept with use_orig_params but "
+        "fully_shard replaces (an optimizer would train nothing): build it after wrapping, from the wrapped model"
+    )
+
+
 def handed(ctx, module: cst.BaseExpression | None, stack) -> Handed | None:
     """The parameter `module` names, when it is one of the innermost function around a constructor (at `stack`)
     that callers can be found for: a module-level function, or a method of a module-level class."""
@@ -138,7 +148,7 @@ def kept_by_callers(
             kept = _kept_before(ctx, scope, given.value, ctx.position(node))
             holder = scope.name.value if isinstance(scope, cst.FunctionDef) else ""
             if kept is not None:
-                return caller, holder, " ".join(ctx.code(kept).split())
+                return caller, holder, ctx.code(kept)
             outer = handed(ctx, given, ancestors) if depth < _DEPTH else None
             found = outer and kept_by_callers(remote_calls, sources, caller, outer, depth + 1)
             if found:

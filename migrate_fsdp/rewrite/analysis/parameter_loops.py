@@ -136,19 +136,27 @@ def _table_of_parameters(ctx, name: cst.Name) -> cst.BaseExpression | None:
 
 def model_named(ctx, name: str) -> cst.BaseExpression | None:
     """The model whose parameter names the innermost loop (at the node visited) binding `name` walks: `for n, p in
-    model.named_parameters()` (or a dict of them) binds `n`."""
+    model.named_parameters()` (or a dict of them) binds `n`; also a full name spelt from it (`fpn = f"{mn}.{pn}"`)."""
+    found, model = _looped_names(ctx, name)
+    if found:
+        return model
+    for joined in _joined_names(ctx, name):  # `fpn = f"{mn}.{pn}"` of `for pn, p in m.named_parameters()`
+        model = _looped_names(ctx, joined)[1]
+        if model is not None:
+            return model
+    return None
+
+
+def _looped_names(ctx, name: str) -> tuple[bool, cst.BaseExpression | None]:
+    """(whether a loop binds `name` as a parameter's name, the model whose parameters it walks)."""
     for node in reversed(ctx.stack):
         if isinstance(node, LOOPS) and _binds_name(node.target, name):
             call = node.iter
             named = isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value != "parameters"
             model = parameters_source(ctx, call) if named else None
             # `m` of `for mn, m in model.named_modules()`: its names are parts of the model's
-            return (_modules_of(ctx, model.value) or model) if isinstance(model, cst.Name) else model
-    for joined in _joined_names(ctx, name):  # `fpn = f"{mn}.{pn}"` of `for pn, p in m.named_parameters()`
-        model = model_named(ctx, joined) if joined != name else None
-        if model is not None:
-            return model
-    return None
+            return True, (_modules_of(ctx, model.value) or model) if isinstance(model, cst.Name) else model
+    return False, None
 
 
 def _joined_names(ctx, name: str) -> list[str]:

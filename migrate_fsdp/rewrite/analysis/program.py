@@ -33,7 +33,7 @@ import libcst as cst
 from migrate_fsdp.rewrite.analysis.escapes import Reach, escapes, factory
 from migrate_fsdp.rewrite.analysis.factory_callers import factory_callers
 from migrate_fsdp.rewrite.analysis.guards import checked_instance
-from migrate_fsdp.rewrite.analysis.kept_parameters import handed, kept_by_callers
+from migrate_fsdp.rewrite.analysis.kept_parameters import handed, kept_by_callers, kept_message
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models, is_main_guard
 from migrate_fsdp.rewrite.analysis.parameter_tags import tags_parameters
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
@@ -416,12 +416,7 @@ def _parameters_kept_by_callers(facts: list[FileFacts], remote_calls: RemoteCall
             found = kept_by_callers(remote_calls, sources, file.path, wrapped)
             if found is not None:
                 path, function, code = found
-                code = code if len(code) <= 60 else code[:57] + "..."
-                refused[(file.path, position)] = (
-                    f"`{code}` in {path}{f' ({function}())' if function else ''} keeps the parameters from before "
-                    "wrapping, which FSDP1 kept with use_orig_params but fully_shard replaces (an optimizer would train nothing): "
-                    "build it after wrapping"
-                )
+                refused[(file.path, position)] = kept_message(code, f" in {path}" + (f" ({function}())" if function else ""))
     return refused
 
 

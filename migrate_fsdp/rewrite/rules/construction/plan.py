@@ -116,6 +116,7 @@ class Plan:
     sync_module_states: bool | cst.BaseExpression = False  # an expression: a flag read at run time
     param_init: ParamInit | Initialiser | None = None
     parameter_tags: bool = False  # use_orig_params=True in a program setting attributes on parameters (MF108)
+    keeps_parameters: bool = False  # use_orig_params may be True: FSDP1 kept the module's Parameter objects (MF108)
     before: list[cst.BaseStatement] = field(default_factory=list)  # statements that must run first
     # assignments of variables only this call reads, rewritten where they stand: Definition -> its new value
     redefined: dict[Definition, cst.BaseExpression] = field(default_factory=dict)

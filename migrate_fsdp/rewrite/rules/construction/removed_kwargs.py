@@ -15,6 +15,7 @@ it holds only changes when gathers overlap, not what is computed.
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.analysis.kept_parameters import kept_message
 from migrate_fsdp.rewrite.rules.construction.codegen import statements
 from migrate_fsdp.rewrite.rules.construction.devices import set_current_device
 from migrate_fsdp.rewrite.rules.construction.plan import KeywordRule, Unconvertible
@@ -43,6 +44,7 @@ class RemovedKwargs(KeywordRule):
         else:  # dropped: a variable only this call read goes with it (`use_orig_params = True` / `else: ... False`)
             value, definition = self.analysis.follow(argument.value, plan)
             if argument.name == "use_orig_params" and self.analysis.literal_bool(value) is not False:
+                plan.keeps_parameters = True
                 self._parameters_kept(plan)
                 plan.parameter_tags = self.analysis.literal_bool(value) is True and self.ctx.program.tags_parameters()
             if definition is None:
@@ -51,12 +53,7 @@ class RemovedKwargs(KeywordRule):
     def _parameters_kept(self, plan) -> None:
         kept = self.analysis.parameters_kept_before(plan.module, plan.site.node)
         if kept is not None:
-            code = " ".join(self.ctx.code(kept).split())
-            raise Unconvertible(
-                f"`{code if len(code) <= 60 else code[:57] + '...'}` keeps the parameters from before wrapping, which "
-                "FSDP1 kept with use_orig_params but fully_shard replaces (an optimizer would train nothing): "
-                "build it after wrapping, from the wrapped model"
-            )
+            raise Unconvertible(kept_message(self.ctx.code(kept)))
 
     def tags_taken(self, plan, module, tags: str) -> list:
         """Before sharding: the attributes the program set on each parameter (FSDP1 with use_orig_params kept the

@@ -163,7 +163,7 @@ class WrapCall(Rule):
                 own_group=plan.process_group is not None or plan.device_mesh is not None,
                 flat_names=not self.analysis.literal_bool(plan.value("use_orig_params")),
                 module=plan.module,
-                keeps_parameters=_keeps_parameters(plan, self.analysis),
+                keeps_parameters=plan.keeps_parameters,
                 replicates=not plan.strategy.may_be(set(MEMBERS) - {"NO_SHARD"}),
             )
             if why is not None:
@@ -546,9 +546,3 @@ def _member_name(ctx, reference) -> str | None:
         if head in (SHARDING_STRATEGY, BACKWARD_PREFETCH):
             return member
     return None
-
-
-def _keeps_parameters(plan: Plan, analysis) -> bool:
-    """FSDP1 kept the module's Parameter objects: use_orig_params is given and may be True."""
-    value = plan.value("use_orig_params")
-    return value is not None and analysis.literal_bool(analysis.follow(value, plan)[0]) is not False
