@@ -144,16 +144,19 @@ class FileContext:
 
     # ----- requests --------------------------------------------------------------------
 
-    def report(self, node: cst.CSTNode, code: str, message: str, unsure: bool = False, fsdp1_only: bool = False) -> None:
+    def report(
+        self, node: cst.CSTNode, code: str, message: str, unsure: bool = False, fsdp1_only: bool = False, any_model: bool = False
+    ) -> None:
         """Leave `node` as it is and tell the user why, with a TODO in the file.
 
         `unsure`: `node` is shaped like a use of an FSDP1 model whose model cannot be traced at all;
-        `fsdp1_only`: it reads what only an FSDP1 model has (`m._fsdp_wrapped_module`), whatever `m` is traced to.
+        `fsdp1_only`: it reads what only an FSDP1 model has (`m._fsdp_wrapped_module`), whatever `m` is traced to;
+        `any_model`: it reads parameters of models no one can name (an optimizer's groups): any model may reach it.
         """
         self._reports.append((node, code, message))
         self._covered.add(id(node))
         if code in self.use_codes:
-            self.program.stays(node, code, tuple(self.stack), unsure, fsdp1_only)
+            self.program.stays(node, code, tuple(self.stack), unsure, fsdp1_only, any_model)
         if self._todo and not self._announced_above(code):
             edits = self._edits_for(self.statement())
             if code not in edits.todos:

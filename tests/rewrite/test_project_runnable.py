@@ -168,3 +168,17 @@ def test_policies_handed_to_a_setup_function_convert_where_written_and_train_ali
         steps[side] = step_lines(torchrun(project / "train.py", env={"PYTHONPATH": str(project)}).stdout)
     assert len(steps["before"]) == 4 and steps["after"] == steps["before"]
     assert not any("torch.distributed.fsdp.wrap" in p.read_text() for p in (POLICY_HANDED / "after").glob("*.py"))
+
+
+OPTIMIZER_SUMS = FIXTURES / "projects" / "optimizer_sums_its_groups"
+
+
+@pytest.mark.parametrize("max_norm", ["0.5", "0.1"], ids=["clipping_idle", "clipping_active"])
+def test_an_optimizer_summing_its_groups_shards_by_hand_gives_fsdp1s_numbers(tmp_path, max_norm):
+    """fixtures/projects/optimizer_sums_its_groups: the optimizer's own clipping sums the squares of the gradient
+    shards in its parameter groups and all-reduces them (MF216); it reads them through the dispatching helper, since
+    its groups may hold any model's parameters, and scales them in place as they are. The numbers are FSDP1's."""
+    _same_to_rounding(
+        _run(tmp_path, OPTIMIZER_SUMS, "before", "train.py", "model.pt", "--max_norm", max_norm),
+        _run(tmp_path, OPTIMIZER_SUMS, "after", "train.py", "model.pt", "--max_norm", max_norm),
+    )

@@ -50,8 +50,10 @@ def _constructor_converts(files) -> bool:
     return "fully_shard(module" in _rewrite(files)["pkg/train.py"]
 
 
-def test_a_function_only_exported_holds_nothing_back():
-    files = {"pkg/__init__.py": INIT, "pkg/train.py": TRAIN, "pkg/ckpt.py": CKPT % b""}
+@pytest.mark.parametrize("decorator", [b"", b"@torch.no_grad()\n"], ids=["plain", "under_no_grad"])
+def test_a_function_only_exported_holds_nothing_back(decorator):
+    ckpt = (CKPT % b"").replace(b"\ndef load_local", b"\n" + decorator + b"def load_local")
+    files = {"pkg/__init__.py": INIT, "pkg/train.py": TRAIN, "pkg/ckpt.py": ckpt}
     out = _rewrite(files)
     assert "fully_shard(module" in out["pkg/train.py"]
     assert "FSDP.summon_full_params(model)" in out["pkg/ckpt.py"]

@@ -60,6 +60,30 @@ def parameters_source(ctx, iterated) -> cst.BaseExpression | None:
     return None
 
 
+def optimizer_groups(ctx, iterated) -> cst.Attribute | None:
+    """`opt.param_groups` for `group["params"]` of `for group in opt.param_groups` (or `opt.param_groups[0]["params"]`,
+    or the second of `zip(group["param_names"], group["params"])`): the parameters an optimizer holds, of whichever
+    models were handed to it."""
+    if isinstance(iterated, cst.Call) and ctx.matches(iterated.func, "builtins.zip") and len(iterated.args) == 2:
+        iterated = iterated.args[1].value
+    if not (isinstance(iterated, cst.Subscript) and _key(iterated) == "params"):
+        return None
+    group = iterated.value
+    if isinstance(group, cst.Subscript):
+        group = group.value
+    elif isinstance(group, cst.Name):
+        loop = next((n for n in reversed(ctx.stack) if isinstance(n, LOOPS) and binds(n.target, group.value)), None)
+        group = loop.iter if loop is not None else None
+    return group if isinstance(group, cst.Attribute) and group.attr.value == "param_groups" else None
+
+
+def _key(subscript: cst.Subscript) -> str | None:
+    """`"params"` of `group["params"]`."""
+    index = subscript.slice[0].slice if len(subscript.slice) == 1 else None
+    value = index.value if isinstance(index, cst.Index) else None
+    return value.evaluated_value if isinstance(value, cst.SimpleString) else None
+
+
 def copies_parameters(ctx, held) -> bool:
     """`held` is `self.x`, which its class only ever sets to a dict of the values of some model's parameters
     (an EMA's shadow: `{n: p.detach().clone() for n, p in model.named_parameters()}`)."""

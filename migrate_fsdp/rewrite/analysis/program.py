@@ -71,6 +71,7 @@ class Use:
     governed: bool = False  # in (or is) a `with FSDP.state_dict_type(...)` block: it reads no type set for good
     dispatchable: bool = False  # a helper serves it for any module: it holds nothing back, and converts as a use
     # of its models where they all convert (Verdict.traced)
+    any_model: bool = False  # it stays, reading parameters an optimizer holds: any model of its files may reach it
 
 
 @dataclass
@@ -275,6 +276,14 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             if path not in alongside_of:
                 alongside_of[path] = coresident(imports(), {path})
         return other in alongside_of[one] or one in alongside_of[other]
+    # An optimizer holds the parameters of whichever models its file's callers hand it: a use reading them that stays
+    # holds back every model of the files it runs with.
+    for file in facts:
+        for use in file.staying.values():
+            if use.any_model and reachable(use):
+                for site in sorted(converts):
+                    if converts[site] and together(site[0], file.path):
+                        held.setdefault(site, f"{use.code} in {file.path}")
     # An FSDP1 model that stays may meet a use on a model of unknown origin anywhere if it leaves the program's
     # sight; one the program follows meets only uses in the files it reaches (its own, those it is handed to).
     escaping = {}  # a constructor that converts but whose model may meet an untied use that stays -> that use
@@ -858,12 +867,13 @@ class Gate:
         self.facts.asked_about_world = True
         return self.facts.own_groups or (self.verdict is not None and self.verdict.own_groups)
 
-    def stays(self, node, code: str, stack, unsure: bool = False, fsdp1_only: bool = False) -> None:
+    def stays(self, node, code: str, stack, unsure: bool = False, fsdp1_only: bool = False, any_model: bool = False) -> None:
         """Record that a rule leaves the FSDP1 use `node` as it is: the models that reach it stay FSDP1 with it.
         A call of the FSDP class's own API (`FSDP.state_dict_type(m, ...)`) takes an FSDP1 model, whatever this
         file can trace of it, and so does a read of what only an FSDP1 model has (`fsdp1_only`); a call shaped
-        like FSDP1's on a receiver nothing is known of may (`unsure`)."""
-        self._record_staying(self.facts.staying, node, code, stack, unsure, fsdp1_only)
+        like FSDP1's on a receiver nothing is known of may (`unsure`). A read of an optimizer's parameters (`any_model`)
+        may meet every model of the files it runs with, out of sight or not: their optimizers are built there."""
+        self._record_staying(self.facts.staying, node, code, stack, unsure, fsdp1_only or any_model, any_model)
 
     def stays_with_own_groups(self, node, code: str, stack) -> None:
         """Record that the use `node`, converted by the first rewrite, stays FSDP1 when a model of the program is
@@ -871,14 +881,18 @@ class Gate:
         reach it then stay with it, whichever file builds them."""
         self._record_staying(self.facts.staying_with_own_groups, node, code, stack, unsure=False)
 
-    def _record_staying(self, table: dict, node, code: str, stack, unsure: bool, fsdp1_only: bool = False) -> None:
+    def _record_staying(
+        self, table: dict, node, code: str, stack, unsure: bool, fsdp1_only: bool = False, any_model: bool = False
+    ) -> None:
         if self.verdict is not None or self.ctx.dual_versions.holds(stack):
             return
         ties, untied, _ = self._origins(node, stack)
         if not ties and (unsure or fsdp1_only or _takes_an_fsdp1_model(self.ctx, node) or self._checked_fsdp1(node, stack)):
             untied = True
         if ties or untied:
-            use = Use(code, frozenset(ties), untied, _function(stack), _handed_in(node, stack), unsure=unsure and not ties)
+            use = Use(
+                code, frozenset(ties), untied, _function(stack), _handed_in(node, stack), unsure=unsure and not ties, any_model=any_model
+            )
             table[(self.ctx.position(node), code)] = use
 
     def _checked_fsdp1(self, node, stack) -> bool:

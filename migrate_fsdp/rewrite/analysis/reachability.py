@@ -13,7 +13,8 @@ files not parsed because they name no FSDP1): any occurrence of the name as a
 word counts (in a comment, a string, an attribute of anything), except the
 `def` itself, an unaliased `from ... import name` and an `__all__` entry.
 Functions the program may reach without naming them never count as unnamed:
-decorated ones (registries, entry points), dunders, pytest's `test*` and
+decorated ones (registries, entry points; a grad-mode decorator such as
+`@torch.no_grad()` registers nothing), dunders, pytest's `test*` and
 `pytest_*` functions, and methods of classes with a base class (framework
 hooks such as `on_save_checkpoint`).
 """
@@ -24,7 +25,11 @@ from collections.abc import Mapping
 
 import libcst as cst
 
+from migrate_fsdp.rewrite.syntax import dotted
+
 _UNDECORATED_OK = ("staticmethod", "classmethod")
+# Decorators that only set the grad mode around the call: they register the function nowhere.
+_GRAD_MODES = ("torch.no_grad", "torch.inference_mode", "torch.enable_grad", "no_grad", "inference_mode")
 _COLLECTED = ("test", "pytest_")  # run by pytest without being named
 
 
@@ -106,7 +111,16 @@ def _plain(function: cst.FunctionDef) -> bool:
     name = function.name.value
     if name.startswith("__") and name.endswith("__") or name.startswith(_COLLECTED):
         return False
-    return all(isinstance(d.decorator, cst.Name) and d.decorator.value in _UNDECORATED_OK for d in function.decorators)
+    return all(_only_wraps(d.decorator) for d in function.decorators)
+
+
+def _only_wraps(decorator) -> bool:
+    """`@staticmethod`, `@classmethod`, `@torch.no_grad()` (or `@torch.no_grad`)."""
+    if isinstance(decorator, cst.Name) and decorator.value in _UNDECORATED_OK:
+        return True
+    if isinstance(decorator, cst.Call) and not decorator.args:
+        decorator = decorator.func
+    return dotted(decorator) in _GRAD_MODES
 
 
 def _inner(body) -> list:

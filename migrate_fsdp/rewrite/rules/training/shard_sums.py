@@ -24,7 +24,14 @@ import libcst as cst
 from migrate_fsdp.rewrite.reshard import reshard_before
 from migrate_fsdp.rewrite.analysis.guards import in_summon
 from migrate_fsdp.rewrite.analysis.models import Kind
-from migrate_fsdp.rewrite.analysis.parameter_loops import copies_parameters, handed_in, loop_target, parameters_source, per_item
+from migrate_fsdp.rewrite.analysis.parameter_loops import (
+    copies_parameters,
+    handed_in,
+    loop_target,
+    optimizer_groups,
+    parameters_source,
+    per_item,
+)
 from migrate_fsdp.rewrite.rules.training.base import TrainingRule, code_of
 from migrate_fsdp.rewrite.syntax import dotted, walk
 
@@ -60,6 +67,10 @@ class ShardSums(TrainingRule):
 
     def leave_Name(self, original: cst.Name, updated: cst.Name):
         self._iterable(original)  # `for p in params:` of `params = list(model.parameters())`
+        return updated
+
+    def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript):
+        self._iterable(original)  # `for p in group["params"]:` of an optimizer's groups
         return updated
 
     def _iterable(self, original) -> None:
@@ -105,16 +116,18 @@ class ShardSums(TrainingRule):
         model = parameters_source(self.ctx, loop.iter)
         if model is None and _handed_parameters(self.ctx, loop.iter, reads):
             model = loop.iter  # `for p in params:` of `def grad_norm(params)`, handed `model.parameters()`
+        groups = optimizer_groups(self.ctx, loop.iter) if model is None else None
+        model = model if groups is None else groups
         if model is None or not reads:
             return None
-        known = self.models.is_fsdp_model(model)
+        known = groups is None and self.models.is_fsdp_model(model)
         copies = copies_parameters(self.ctx, model)  # an EMA's shadow: copies of the shards, never resharded
-        unknown = self.models.kind(model) is Kind.UNKNOWN or copies
+        unknown = groups is not None or self.models.kind(model) is Kind.UNKNOWN or copies
         if not known and not (unknown and self.ctx.program.may_build_fsdp1()):
             return None  # a module shown not to be an FSDP1 model (built here, a DDP model)
         # A forward (an evaluation) may leave FSDP2's root unsharded, its parameters plain tensors, where FSDP1's
-        # were shards again: a read of parameters (not gradients) reshards first.
-        unsharded = not copies and any(_is_parameter(tensor) for tensor, _ in reads)
+        # were shards again: a read of parameters (not gradients) reshards first. An optimizer holds the sharded ones.
+        unsharded = not copies and groups is None and any(_is_parameter(tensor) for tensor, _ in reads)
         blocking = next((_chain(tensor, parents) for tensor, parents in reads if not _summed(tensor, parents)), None)
         if blocking is None and (self.ctx.can_insert_statements() or not unsharded):
             if known and not self.fsdp2_ahead(model):
@@ -138,6 +151,7 @@ class ShardSums(TrainingRule):
             self.code,
             f"`{self.ctx.code(model)}`'s parameters read here and all-reduced by hand: {why}; kept FSDP1",
             fsdp1_only=not known,  # a model handed in (or held): the ones that may reach it stay with it
+            any_model=groups is not None,  # an optimizer's: the models of the files it runs with
         )
         return None
 
@@ -209,10 +223,29 @@ def _value_reads(scopes: list, target: str) -> list:
             continue
         if tensor is not node and isinstance(parent, (cst.Comparison, cst.ComparisonTarget)):
             continue  # `p.grad is not None`
-        if _local_already(tensor, above):
+        if _local_already(tensor, above) or _scaled_in_place(tensor, above, target):
             continue
         reads.append((tensor, tuple(above)))
     return reads
+
+
+def _scaled_in_place(tensor, parents: list, target: str) -> bool:
+    """`p.grad.mul_(coef)` (or `.detach().mul_(...)`, `.div_(...)`) by what does not read the parameter: each element
+    changed alike wherever it lies, the same on a shard, a DTensor or a whole tensor, so nothing to take a shard of."""
+    above, current = list(parents), tensor
+    while len(above) >= 2 and isinstance(above[-1], cst.Attribute) and above[-1].value is current:
+        method, call = above[-1].attr.value, above[-2]
+        if not (isinstance(call, cst.Call) and call.func is above[-1]):
+            return False
+        if method in ("mul_", "div_"):
+            return bool(call.args) and not any(
+                isinstance(node, cst.Name) and node.value == target for arg in call.args for node, _ in walk(arg)
+            )
+        if method != "detach" or call.args:
+            return False
+        current = call
+        del above[-2:]
+    return False
 
 
 def _local_already(tensor, parents: list) -> bool:
