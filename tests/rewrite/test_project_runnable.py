@@ -182,3 +182,22 @@ def test_an_optimizer_summing_its_groups_shards_by_hand_gives_fsdp1s_numbers(tmp
         _run(tmp_path, OPTIMIZER_SUMS, "before", "train.py", "model.pt", "--max_norm", max_norm),
         _run(tmp_path, OPTIMIZER_SUMS, "after", "train.py", "model.pt", "--max_norm", max_norm),
     )
+
+
+POLICIES_FROM_METHODS = FIXTURES / "projects" / "policies_from_methods"
+
+
+@pytest.mark.parametrize("strategy", ["full-shard", "shard-grad-op"])
+def test_policies_returned_by_methods_and_a_strategy_held_on_self_convert_and_train_alike(tmp_path, strategy):
+    """fixtures/projects/policies_from_methods: the wrap policies come from the model's methods (an `_or_policy` of a
+    submodule's policy and an inline one), the strategy from an attribute its class sets from a string. Each converts
+    where it is written, no FSDP1 is left, and the same units are sharded: the losses are FSDP1's."""
+    steps = {}
+    for side in ("before", "after"):
+        project = tmp_path / side
+        shutil.copytree(POLICIES_FROM_METHODS / side, project)
+        done = torchrun(project / "train.py", "--sharding_strategy", strategy, env={"PYTHONPATH": str(project)})
+        steps[side] = step_lines(done.stdout)
+    assert len(steps["before"]) == 4 and steps["after"] == steps["before"]
+    assert all(line.endswith("units 3") for line in steps["before"])
+    assert not any("torch.distributed.fsdp.wrap" in p.read_text() for p in (POLICIES_FROM_METHODS / "after").rglob("*.py"))

@@ -14,7 +14,8 @@ conditional and boolean expressions, `return` (also as an element of a
 returned tuple that the caller unpacks), every call of the function that
 returns it (in its file, or imported by another module), every import of a
 module-level name (also through a package's star re-exports) and read
-through an imported module (`policies.bf16`), into an argument of a function
+through an imported module (`policies.bf16`), an attribute of `self` that only its class reads
+(`self.strategy = ShardingStrategy.X`, then `sharding_strategy=self.strategy`), into an argument of a function
 of the program (`setup(model, auto_wrap_policy=policy)`: its parameter is
 followed there), and into a keyword argument of any other call (a
 constructor's, or an `_or_policy`'s `policies=[...]`: decide judges them).
@@ -22,6 +23,7 @@ Printing it is harmless. Anything else it meets means it may reach code out
 of sight.
 """
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
@@ -138,9 +140,35 @@ class ValueFlow:
 
     def _bound(self, path: str, statement, found: set, seen: set, held: bool) -> None:
         targets = [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target]
+        if len(targets) == 1 and _of_self(targets[0]):
+            self._held_on_self(path, statement, targets[0].attr.value, found, seen, held)
+            return
         if len(targets) != 1 or not isinstance(targets[0], cst.Name):
             raise _OutOfSight
         self._binding(path, targets[0], found, seen, held)
+
+    def _held_on_self(self, path: str, statement, attribute: str, found: set, seen: set, held: bool) -> None:
+        """`self.strategy = value` in a method: wherever the class reads `self.strategy`, when no other code of the
+        program spells the attribute's name (an object's attribute read anywhere else may be this one)."""
+        parents = self._parents_of(path)
+        method = parents.get(id(statement))
+        while method is not None and not isinstance(method, cst.FunctionDef):
+            method = parents.get(id(method))
+        owner = parents.get(id(parents.get(id(method)))) if method is not None else None
+        first = method.params.params[0].name.value if method is not None and method.params.params else None
+        if not isinstance(owner, cst.ClassDef) or first != "self":
+            raise _OutOfSight
+        key = (path, id(owner), attribute, held)
+        if key in seen:
+            return
+        seen.add(key)
+        spelled = [n for n, _ in walk(owner) if _of_self(n) and n.attr.value == attribute]
+        word = re.compile(rb"\b" + re.escape(attribute.encode()) + rb"\b")
+        if sum(len(word.findall(data)) for data in self.calls.sources.values()) != len(spelled):
+            raise _OutOfSight
+        for node in spelled:
+            if not isinstance(parents.get(id(node)), cst.AssignTarget):
+                self._value(path, node, found, seen, held)
 
     def _argument(self, path: str, arg: cst.Arg, found: set, seen: set) -> None:
         ctx, call = self.calls.context(path), self._parents_of(path).get(id(arg))
@@ -180,18 +208,52 @@ class ValueFlow:
         function = parents.get(id(ret))
         while function is not None and not isinstance(function, (cst.FunctionDef, cst.Lambda)):
             function = parents.get(id(function))
-        if not isinstance(function, cst.FunctionDef) or function.decorators or not isinstance(parents.get(id(function)), cst.Module):
+        if not isinstance(function, cst.FunctionDef) or function.decorators:
             raise _OutOfSight
         key = (path, id(function), index)
         if key in seen:
             return
         seen.add(key)
+        if isinstance(parents.get(id(parents.get(id(function)))), cst.ClassDef):
+            self._method_returned(function.name.value, index, found, seen)
+            return
+        if not isinstance(parents.get(id(function)), cst.Module):
+            raise _OutOfSight
         assignment = next((a for a in assignments_of(ctx.scope(function), function.name.value) if a.node is function), None)
         if assignment is None:
             raise _OutOfSight
         for access in assignment.references:
             self._called(path, access.node, index, found, seen)
         self._imported(path, function.name.value, lambda where, node: self._called(where, node, index, found, seen))
+
+    def _method_returned(self, name: str, index: int | None, found: set, seen: set) -> None:
+        """Returned by a method: wherever the result of every `x.name()` of the program goes (any receiver: the
+        program cannot tell which class's method runs), when nothing else spells the name (a method handed on) and
+        the program calls it at all (else it is a hook of code out of sight)."""
+        word = re.compile(rb"\b" + re.escape(name.encode()) + rb"\b")
+        calls = []
+        for other, data in self.calls.sources.items():
+            spelt = len(word.findall(data))
+            if not spelt:
+                continue
+            ctx = self.calls.context(other)
+            if ctx is None:
+                raise _OutOfSight
+            parents = self._parents_of(other)
+            defined = [n for n, _ in walk(ctx.module) if isinstance(n, cst.FunctionDef) and n.name.value == name]
+            called = [
+                n
+                for n, _ in walk(ctx.module)
+                if isinstance(n, cst.Attribute) and n.attr.value == name and isinstance(parents.get(id(n)), cst.Call)
+                and parents[id(n)].func is n
+            ]
+            if spelt != len(defined) + len(called):
+                raise _OutOfSight
+            calls += [(other, node) for node in called]
+        if not calls:
+            raise _OutOfSight  # a hook a framework calls (a plugin's `mixed_precision_config()`)
+        for other, node in calls:
+            self._called(other, node, index, found, seen)
 
     def _called(self, path: str, node: cst.CSTNode, index: int | None, found: set, seen: set) -> None:
         """`node` names the function returning the value: it must be called, and the result followed."""
@@ -339,6 +401,11 @@ def _literal_index(subscript: cst.Subscript) -> int | None:
         return None
     index = subscript.slice[0].slice.value
     return int(index.value) if isinstance(index, cst.Integer) and index.value.isdigit() else None
+
+
+def _of_self(node) -> bool:
+    """`self.name`."""
+    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
 
 
 def _starred(node) -> bool:

@@ -29,6 +29,8 @@ with the advice of its keyword's rule.
   FSDP1's or converted ones: it converts when its own value may).
 """
 
+from collections.abc import Callable
+
 import libcst as cst
 
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS
@@ -66,12 +68,12 @@ class SettingsWhereDefined(Rule):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        self._converted: dict[int, cst.BaseExpression] = {}
+        self._converted: dict[int, Callable] = {}  # id(original) -> its FSDP2 form from the node as rewritten
 
     def visit_Call(self, node: cst.Call) -> None:
         ctx = self.ctx
-        if ctx.is_covered([id(n) for n in ctx.stack]):
-            return
+        if ctx.is_covered([id(n) for n in ctx.stack if id(n) not in self._converted]):
+            return  # (the policies inside an `_or_policy`'s copy are settings of their own)
         custom = self._custom_function(node)
         if custom is not None:
             # No helper reads an FSDP1 CustomPolicy (only FSDP1's private API does): the constructors it reaches
@@ -80,9 +82,10 @@ class SettingsWhereDefined(Rule):
             definition = None if binding is None else binding.node
             readable = not may_return_kwargs(custom, definition)
             if ctx.program.setting(node, custom_policy=True, readable=readable) and readable:
-                self._converted[id(node)] = call(
+                converted = call(
                     cst.Name(ctx.require_import("functools", "partial")), cst.Name(ctx.add_helper(LAMBDA_HELPER)), lambda_fn=custom
                 )
+                self._converted[id(node)] = lambda updated: converted
                 ctx.mark_handled(node)
             return
         if not self._convertible(node):
@@ -94,7 +97,8 @@ class SettingsWhereDefined(Rule):
             ctx.mark_handled(node)
 
     def leave_Call(self, original: cst.Call, updated):
-        return self._converted.pop(id(original), updated)
+        form = self._converted.pop(id(original), None)
+        return updated if form is None else form(updated)
 
     def collect_Attribute(self, node: cst.Attribute) -> None:
         """`ShardingStrategy.X` apart from a constructor becomes `"X"`, which the sharding helpers read too. Judged in
@@ -108,11 +112,12 @@ class SettingsWhereDefined(Rule):
         if read or any(isinstance(n, cst.Call) and ctx.matches(n.func, FSDP_CLASS) for n in ctx.stack):
             return  # `ShardingStrategy.X.name` reads the member itself; a constructor's own argument is its rule's
         if ctx.program.setting(node):
-            self._converted[id(node)] = string(member)
+            self._converted[id(node)] = lambda updated: string(member)
             ctx.mark_handled(node)
 
     def leave_Attribute(self, original: cst.Attribute, updated):
-        return self._converted.pop(id(original), updated)
+        form = self._converted.pop(id(original), None)
+        return updated if form is None else form(updated)
 
     def _convertible(self, node: cst.Call) -> bool:
         ctx = self.ctx
@@ -120,16 +125,21 @@ class SettingsWhereDefined(Rule):
             return not any(arg.star for arg in node.args)
         return self._classes(node) is not None or self._replayed(node) is not None
 
-    def _form(self, node: cst.Call) -> cst.BaseExpression:
+    def _form(self, node: cst.Call):
+        """The FSDP2 form of the definition, from the call as rewritten (policies inside an `_or_policy`'s list
+        converted too); a function or a copy takes the arguments as written, their layout and comments kept."""
         if self.ctx.matches(node.func, MIXED_PRECISION):
-            return node.with_changes(func=cst.Name(self.ctx.add_helper(HELPER)))
+            helper = cst.Name(self.ctx.add_helper(HELPER))
+            return lambda updated: updated.with_changes(func=helper)
         classes = self._classes(node)
         if classes is None:
-            helper, options = self._replayed(node)
-            return call(node.func, cst.Name(self.ctx.add_helper(helper)), **options)
+            copy = cst.Name(self.ctx.add_helper(self._replayed(node)[0]))
+            return lambda updated: updated.with_changes(args=[updated.args[0].with_changes(value=copy), *updated.args[1:]])
         if isinstance(classes, (cst.Set, cst.List, cst.Tuple)):
-            return cst.Tuple([cst.Element(element.value) for element in classes.elements])
-        return call("tuple", classes)
+            classes = cst.Tuple([cst.Element(element.value) for element in classes.elements])
+        else:
+            classes = call("tuple", classes)
+        return lambda updated: classes
 
     def _custom_function(self, node: cst.Call) -> cst.BaseExpression | None:
         """The function of `CustomPolicy(f)`."""
