@@ -201,3 +201,25 @@ def test_policies_returned_by_methods_and_a_strategy_held_on_self_convert_and_tr
     assert len(steps["before"]) == 4 and steps["after"] == steps["before"]
     assert all(line.endswith("units 3") for line in steps["before"])
     assert not any("torch.distributed.fsdp.wrap" in p.read_text() for p in (POLICIES_FROM_METHODS / "after").rglob("*.py"))
+
+
+
+GROUP_BROADCAST = FIXTURES / "projects" / "group_broadcast_elsewhere"
+
+
+def test_a_model_over_a_group_of_its_own_resumes_from_the_worlds_rank_0_as_before(tmp_path):
+    """fixtures/projects/group_broadcast_elsewhere: each rank's model is sharded over a process group of its own;
+    FSDP1's full optimizer state is gathered to and scattered from the world's rank 0 all the same (the calls' `group`
+    is None), as FSDP2's broadcast_from_rank0: the program converts, and rank 1 resumes from rank 0's state."""
+    steps = {}
+    for side in ("before", "after"):
+        project = tmp_path / side
+        shutil.copytree(GROUP_BROADCAST / side, project)
+        saves = tmp_path / f"{side}_saves"
+        saves.mkdir()
+        steps[side] = step_lines(torchrun(project / "train.py", "--save_dir", saves, env={"PYTHONPATH": str(project)}).stdout)
+    (line,) = steps["before"]
+    assert steps["after"] == steps["before"]
+    assert line.split()[-1] == line.split()[-2]  # rank 1 holds rank 0's state
+    assert "FSDP." not in (GROUP_BROADCAST / "after" / "ckpt.py").read_text()
+

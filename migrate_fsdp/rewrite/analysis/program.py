@@ -96,8 +96,6 @@ class FileFacts:
     declared: Counter | None = None  # function name -> occurrences that are not uses (reachability.py); None: not parsed
     uses: dict = field(default_factory=dict)  # (Position, code) -> Use
     staying: dict = field(default_factory=dict)  # (Position, code) -> Use a rule could not convert: it stays FSDP1
-    staying_with_own_groups: dict = field(default_factory=dict)  # (Position, code) -> Use that stays FSDP1 when a
-    # model of the program is sharded over a group of the user's (Program.stays_with_own_groups)
     settings: dict = field(default_factory=dict)  # FSDP1 setting built apart from its constructors: Position -> the
     # keywords whose values it takes in their FSDP1 or FSDP2 form (an `_or_policy`'s `policies`)
     reads: dict = field(default_factory=dict)  # constructor Position -> keywords read by helpers taking FSDP2 forms too
@@ -108,11 +106,10 @@ class FileFacts:
     imports_fsdp1: bool = False  # names torch's FSDP1 (not fairscale's, not FSDP2)
     asked_about_fsdp1: bool = False  # a rule asked whether the program builds FSDP1 models at all
     part_of_world: bool = False  # a constructor here may shard its model over some ranks only
-    own_groups: bool = False  # ... over a process group or device mesh of the user's
     flat_names: bool = False  # a constructor here that converts named flat parameters (use_orig_params not True)
     asked_about_names: bool = False  # a rule asked whether any converting model of the program did
     asked_about_tags: bool = False  # a rule asked whether any file of the program sets attributes on parameters
-    asked_about_world: bool = False  # a rule asked whether any model of the program may be
+    asked_about_world: bool = False  # a rule asked whether any model of the program may be sharded over some ranks
     dropped_imports: set = field(default_factory=set)  # module-level names whose FSDP imports the rewrite dropped
 
 
@@ -136,7 +133,6 @@ class Verdict:
     builds_fsdp1: bool = False  # another file of the program uses torch's FSDP1
     assumed: bool = False  # the first rewrite assumed the program builds FSDP1 models; it builds none
     part_of_world: bool = False  # a model of the program may be sharded over some ranks only (Gate.part_of_world)
-    own_groups: bool = False  # ... over a process group or device mesh of the user's (Gate.own_groups)
     original_names: bool = False  # no converting model of the program named flat parameters (Gate.flat_names)
     tags_parameters: bool = False  # a file of the program sets attributes on parameters (Gate.tags_parameters)
     kept_imports: frozenset = frozenset()  # names another file imports from this one: their imports stay
@@ -189,11 +185,6 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             graph.update(import_graph(sources, remote_calls))
         return graph
     reexported = imported_elsewhere({f.path: f.dropped_imports for f in facts if f.dropped_imports}, sources or {}, remote_calls)
-    if any(f.own_groups for f in facts):
-        for file in facts:
-            for key, use in file.staying_with_own_groups.items():
-                file.staying[key] = use
-                file.uses.pop(key, None)
     if sources is None:  # what imports what is unknown: any module-level model may be imported
         imported = {f.path for f in facts}
     else:
@@ -374,7 +365,6 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
             assumed=file.asked_about_fsdp1 and not builds_fsdp1,
             fsdp1_receivers=adopted.get(file.path, set()),
             part_of_world=file.asked_about_world and any(f.part_of_world for f in facts),
-            own_groups=file.asked_about_world and any(f.own_groups for f in facts),
             original_names=file.asked_about_names and not any(f.flat_names for f in facts),
             tags_parameters=file.asked_about_tags and tagged,
             kept_imports=reexported.get(file.path, frozenset()),
@@ -699,7 +689,6 @@ class Gate:
         stack,
         reads: frozenset = frozenset(),
         part_of_world: bool = False,
-        own_group: bool = False,
         flat_names: bool = True,
         module=None,
         keeps_parameters: bool = False,
@@ -707,7 +696,7 @@ class Gate:
     ) -> str | None:
         """Why the constructor `node` (at `stack`) must stay FSDP1 although it could convert, if it must.
         `reads`: its keywords whose values a helper reads at run time, in their FSDP1 or FSDP2 form;
-        `part_of_world`: it may shard its model over some ranks only; `own_group`: over a group of the user's;
+        `part_of_world`: it may shard its model over some ranks only;
         `flat_names`: FSDP1 named its model's flat parameters (use_orig_params was not True);
         `keeps_parameters`: FSDP1 kept the module's Parameter objects (use_orig_params may be True);
         `replicates`: its strategy is NO_SHARD, so every rank held whole parameters (Gate.replicated);
@@ -716,7 +705,6 @@ class Gate:
         constructors stand or fall with this one."""
         position = self.ctx.position(node)
         self.facts.part_of_world |= part_of_world and converts
-        self.facts.own_groups |= own_group and converts
         self.facts.flat_names |= flat_names and converts
         self.facts.constructors[position] = converts
         if replicates:
@@ -860,13 +848,6 @@ class Gate:
             return True
         return tags_parameters(self.ctx.text.encode("utf-8", "replace"))  # this file's own answer, asked rarely
 
-    def own_groups(self) -> bool:
-        """Whether a model of the program may be sharded over a process group or device mesh of the user's: one
-        model-parallel part each, say, where FSDP1 broadcast from each group's rank 0 and FSDP2's
-        broadcast_from_rank0 sends the world's rank 0's state to every rank."""
-        self.facts.asked_about_world = True
-        return self.facts.own_groups or (self.verdict is not None and self.verdict.own_groups)
-
     def stays(self, node, code: str, stack, unsure: bool = False, fsdp1_only: bool = False, any_model: bool = False) -> None:
         """Record that a rule leaves the FSDP1 use `node` as it is: the models that reach it stay FSDP1 with it.
         A call of the FSDP class's own API (`FSDP.state_dict_type(m, ...)`) takes an FSDP1 model, whatever this
@@ -874,12 +855,6 @@ class Gate:
         like FSDP1's on a receiver nothing is known of may (`unsure`). A read of an optimizer's parameters (`any_model`)
         may meet every model of the files it runs with, out of sight or not: their optimizers are built there."""
         self._record_staying(self.facts.staying, node, code, stack, unsure, fsdp1_only or any_model, any_model)
-
-    def stays_with_own_groups(self, node, code: str, stack) -> None:
-        """Record that the use `node`, converted by the first rewrite, stays FSDP1 when a model of the program is
-        sharded over a group of the user's (`own_groups`), which only the whole program knows: the models that
-        reach it then stay with it, whichever file builds them."""
-        self._record_staying(self.facts.staying_with_own_groups, node, code, stack, unsure=False)
 
     def _record_staying(
         self, table: dict, node, code: str, stack, unsure: bool, fsdp1_only: bool = False, any_model: bool = False

@@ -20,6 +20,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper
 
 from migrate_fsdp.rewrite.analysis.escapes import Reach, Remote, parameter_reach, transparent
+from migrate_fsdp.rewrite.syntax import dotted
 
 
 class RemoteCalls:
@@ -95,11 +96,22 @@ class RemoteCalls:
             None,
         )
 
-    def called(self, caller: str, qualified: str) -> tuple[str, cst.FunctionDef] | None:
-        """(its file, the function) of the program that a call in `caller` of `qualified` (as imported) runs."""
+    def called(self, caller: str, qualified: str, depth: int = 0) -> tuple[str, cst.FunctionDef] | None:
+        """(its file, the function) of the program that a call in `caller` of `qualified` (as imported) runs, also
+        through a package's re-export (`from .fsdp_utils import hsdp_device_mesh` in its `__init__`)."""
         found = self._resolve(caller, qualified)
         function = None if found is None else self.function(*found)
-        return None if function is None else (found[0], function)
+        if function is not None:
+            return found[0], function
+        ctx = None if found is None or depth >= 4 else self.context(found[0])
+        for statement in ctx.module.body if ctx is not None else ():
+            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+                if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                    alias = next((a for a in small.names if _bound_name(a) == found[1]), None)
+                    if alias is not None:
+                        module = "." * len(small.relative) + (dotted(small.module) if small.module is not None else "")
+                        return self.called(found[0], f"{module}.{dotted(alias.name)}", depth + 1)
+        return None
 
     def context(self, path: str):
         """The file's analysis context (None when it cannot be read), built once."""
@@ -113,6 +125,10 @@ class RemoteCalls:
             except (cst.ParserSyntaxError, UnicodeDecodeError, RecursionError, MemoryError):
                 self._contexts[path] = None  # out of sight
         return self._contexts[path]
+
+
+def _bound_name(alias: cst.ImportAlias) -> str:
+    return alias.asname.name.value if alias.asname is not None else dotted(alias.name)
 
 
 def _normal(path: str) -> str:

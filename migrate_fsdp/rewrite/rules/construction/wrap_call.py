@@ -160,7 +160,6 @@ class WrapCall(Rule):
                 stack=site.stack,
                 reads=_read_at_run_time(plan),
                 part_of_world=_part_of_world(plan),
-                own_group=plan.process_group is not None or plan.device_mesh is not None,
                 flat_names=not self.analysis.literal_bool(plan.value("use_orig_params")),
                 module=plan.module,
                 keeps_parameters=plan.keeps_parameters,

@@ -363,14 +363,6 @@ class OptimStateDict(UsesStateDictPlan):
 
     def _load(self, original, updated, bound, kind, broadcast, optim_arg, load_directly):
         """`set_optimizer_state_dict(...)`, where the FSDP1 result is loaded into the optimizer right away."""
-        if broadcast and self.ctx.program.own_groups():
-            return self._report(
-                original,
-                "FSDP1 broadcast from rank 0 of the model's process group, FSDP2's broadcast_from_rank0 from the "
-                "world's rank 0 (a model of this program is sharded over a group of its own)",
-            )
-        if broadcast:  # another file may build such a model: then this stays, and the models reaching it with it
-            self.ctx.program.stays_with_own_groups(original, self.code, self.ctx.stack)
         stack = self.ctx.stack
         consumer = self._consumer(original, stack, optim_arg)
         if load_directly and isinstance(stack[-2], cst.Expr):
