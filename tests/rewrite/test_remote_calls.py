@@ -339,3 +339,16 @@ def test_parameters_handed_to_another_modules_function_take_its_model_along():
     )
     out = _rewrite({"pkg/train.py": library, "pkg/loop.py": LOOP % b""})
     assert "fully_shard(module" in out["pkg/train.py"]
+
+
+def test_a_function_a_package_re_exports_resolves_to_its_definition():
+    """`from recipe.utils import hsdp_device_mesh` of llama-recipes: the package's `__init__` re-exports it from
+    a module of its own; the call runs that module's function."""
+    sources = {
+        "recipe/utils/__init__.py": b"from recipe.utils.fsdp_utils import hsdp_device_mesh as hsdp_device_mesh\n",
+        "recipe/utils/fsdp_utils.py": b"def hsdp_device_mesh(replicas, shards):\n    return None\n",
+        "recipe/train.py": b"from recipe.utils import hsdp_device_mesh\n\nmesh = hsdp_device_mesh(1, 2)\n",
+    }
+    path, function = RemoteCalls(sources).called("recipe/train.py", "recipe.utils.hsdp_device_mesh")
+    assert (path, function.name.value) == ("recipe/utils/fsdp_utils.py", "hsdp_device_mesh")
+    assert RemoteCalls(sources).called("recipe/train.py", "recipe.utils.missing") is None
