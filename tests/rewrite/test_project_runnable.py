@@ -210,7 +210,8 @@ GROUP_BROADCAST = FIXTURES / "projects" / "group_broadcast_elsewhere"
 def test_a_model_over_a_group_of_its_own_resumes_from_the_worlds_rank_0_as_before(tmp_path):
     """fixtures/projects/group_broadcast_elsewhere: each rank's model is sharded over a process group of its own;
     FSDP1's full optimizer state is gathered to and scattered from the world's rank 0 all the same (the calls' `group`
-    is None), as FSDP2's broadcast_from_rank0: the program converts, and rank 1 resumes from rank 0's state."""
+    is None), as FSDP2's full state dict options: the program converts, rank 0 alone gets the state and rank 1
+    resumes from it."""
     steps = {}
     for side in ("before", "after"):
         project = tmp_path / side
@@ -220,6 +221,7 @@ def test_a_model_over_a_group_of_its_own_resumes_from_the_worlds_rank_0_as_befor
         steps[side] = step_lines(torchrun(project / "train.py", "--save_dir", saves, env={"PYTHONPATH": str(project)}).stdout)
     (line,) = steps["before"]
     assert steps["after"] == steps["before"]
-    assert line.split()[-1] == line.split()[-2]  # rank 1 holds rank 0's state
+    assert line.split()[4] == line.split()[5]  # rank 1 resumed from rank 0's state
+    assert line.endswith("kept [2.0, 0.0]")  # the world's rank 0 alone got the full state dict
     assert "FSDP." not in (GROUP_BROADCAST / "after" / "ckpt.py").read_text()
 

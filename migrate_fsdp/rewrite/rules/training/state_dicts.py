@@ -661,8 +661,11 @@ class Builder:
 
     def get_full(self, function: str, args: list, offload, rank0) -> cst.Call:
         """A FULL state dict with FSDP1's `offload_to_cpu` / `rank0_only` reproduced exactly (each True, False,
-        or an expression read at run time, which the gathering helper takes)."""
-        if isinstance(offload, bool) and offload is rank0 and not (rank0 and self.ctx.program.part_of_world()):
+        or an expression read at run time, which the gathering helper takes). FSDP1's model state dict went to rank 0
+        of the model's group; its optimizer state dict to the world's (the call's `group`, None, decides), as
+        StateDictOptions' does."""
+        own_group = rank0 and function != "get_optimizer_state_dict" and self.ctx.program.part_of_world()
+        if isinstance(offload, bool) and offload is rank0 and not own_group:
             return self.call(function, args, self.options(full_state_dict=True, cpu_offload=offload))
         sharded = self.call(function, args, None)
         helper = self.ctx.add_helper(GATHER_HELPER_NAME)
