@@ -34,6 +34,7 @@ def test_the_rewrite_uses_every_helper_file():
         no_sync,
         shard_sums,
         state_dicts,
+        wrapper_attributes,
     )
 
     used = {
@@ -66,6 +67,7 @@ def test_the_rewrite_uses_every_helper_file():
         state_dicts.ANY_MODULE_LOAD_HELPER,
         reshard.HELPER_NAME,
         shard_sums.HELPER,
+        wrapper_attributes.PROCESS_GROUP_HELPER,
     }
     assert used == set(NAMES)
 
@@ -388,6 +390,30 @@ def test_local_reads_a_dtensors_shard_and_leaves_any_other_tensor():
     try:
         shard = DTensor.from_local(plain, init_device_mesh("cpu", (1,)), [Replicate()])
         assert not isinstance(local(shard), DTensor) and torch.equal(local(shard), plain)
+    finally:
+        if started:
+            torch.distributed.destroy_process_group()
+
+
+def test_process_group_is_the_one_fsdp1_sharded_over_and_any_other_modules_own():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    group_of = helper("fsdp2_process_group")
+
+    class Wrapper(nn.Module):  # DDP's and FSDP1's own attribute
+        process_group = "its own"
+
+    assert group_of(Wrapper()) == "its own"
+    started = not torch.distributed.is_initialized()
+    if started:
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        sharded = fully_shard(nn.Linear(2, 2), mesh=init_device_mesh("cpu", (1,)))
+        assert torch.distributed.get_process_group_ranks(group_of(sharded)) == [0]
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+        replicated = fully_shard(nn.Linear(2, 2), mesh=mesh)
+        assert group_of(replicated) is mesh.get_group(0)
     finally:
         if started:
             torch.distributed.destroy_process_group()

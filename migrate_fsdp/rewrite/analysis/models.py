@@ -300,6 +300,23 @@ class FsdpModels:
                 continue
             self._narrowings.setdefault(dotted(subject), []).append(definition)
 
+    def _note_BooleanOperation(self, node: cst.BooleanOperation) -> None:
+        """`isinstance(m, FSDP) and m.mixed_precision...`: the right side runs only where the left holds (or, for
+        `or`, fails)."""
+        facts = self._isinstance_facts if isinstance(node.operator, cst.And) else self._failed_test_facts
+        for subject, kind, source in facts(node.left):
+            path = (*self.ctx.stack, node.right)
+            definition = _Definition(self._next_seq(), path, kind=kind, narrowing=True, source=source)
+            self._narrowings.setdefault(dotted(subject), []).append(definition)
+
+    def _note_IfExp(self, node: cst.IfExp) -> None:
+        """`m.module if isinstance(m, FSDP) else m`: the body runs where the test holds, the other where it fails."""
+        for part, facts in ((node.body, self._isinstance_facts), (node.orelse, self._failed_test_facts)):
+            for subject, kind, source in facts(node.test):
+                path = (*self.ctx.stack, part)
+                definition = _Definition(self._next_seq(), path, kind=kind, narrowing=True, source=source)
+                self._narrowings.setdefault(dotted(subject), []).append(definition)
+
     def _note_While(self, node: cst.While) -> None:
         for subject, kind, source in self._isinstance_facts(node.test):  # `while isinstance(m, FSDP): m = m.module`
             path = (*self.ctx.stack, node.body)

@@ -51,6 +51,12 @@ class TrainingRule(Rule):
     def collect_While(self, node) -> None:
         self.models.note(node)
 
+    def collect_BooleanOperation(self, node) -> None:
+        self.models.note(node)
+
+    def collect_IfExp(self, node) -> None:
+        self.models.note(node)
+
     def collect_Assert(self, node) -> None:
         self.models.note(node)
 

@@ -9,10 +9,15 @@ state it keeps in `_FSDPState`: `process_group`, `sharding_strategy`,
 this code and the FSDP2 way to get the same thing; `model.module.<attribute
 of the user's class>` is the model's own under FSDP2 and is rewritten so
 (with its constructor). Attributes DDP or plain
-modules share (`module`, `apply`, `rank`) are only reported on receivers the
-file shows to be FSDP1 models; `check_is_root` only FSDP1 has, so it is
-reported on any receiver.
+modules share (`module`, `apply`, `rank`, `process_group`) are only reported
+on receivers the file shows to be FSDP1 models; the others only FSDP1 has
+(`check_is_root`, `sharding_strategy`, `mixed_precision`, ...), so they are
+reported on a receiver nothing is known of but its name (`model`,
+`self.fsdp_model`; not `cfg`, whose fields share these names) in a program
+that builds FSDP1 models, and hold back the models that may reach them.
 """
+
+import re
 
 import libcst as cst
 
@@ -38,7 +43,13 @@ _ADVICE = {
     "register_comm_hook": "FSDP2 has no communication hooks: see `set_all_reduce_hook`, `set_gradient_divide_factor` and `set_custom_reduce_scatter`",
     "apply": "FSDP1 gathered full parameters around `apply(fn)`; on FSDP2 `fn` sees sharded DTensors: initialise before `fully_shard`, or make `fn` work on DTensors",
 }
-_FSDP1_ONLY = frozenset({"check_is_root"})
+PROCESS_GROUP_HELPER = "fsdp2_process_group"
+# A receiver of unknown origin named as a model (`model`, `self.fsdp_model`, `net`): configs share these
+# attributes' names (`cfg.sharding_strategy`, `train_config.mixed_precision`).
+_MODEL_NAME = re.compile(r"(^|_)(model|module|net|network|wrapper|wrapped)s?(_|$)")
+_FSDP1_ONLY = frozenset({"check_is_root"})  # reported on any receiver: no other class names it
+# What plain modules and DDP have too: reported only on receivers shown to be FSDP1 models.
+_SHARED = frozenset({"module", "apply", "rank", "world_size", "process_group", "register_comm_hook"})
 _GROUP_SIZES = {"rank": "get_rank", "world_size": "get_world_size"}
 # nn.Module API whose answer differs between FSDP1's inner module and an FSDP2 model (full vs sharded, names).
 _MODULE_STATE_API = frozenset(
@@ -78,11 +89,45 @@ class WrapperAttributes(RemovesStatements):
             if self.fsdp2_ahead(original):
                 return cst.Call(func=cst.Name(self.ctx.require_import("torch.distributed", _GROUP_SIZES[name])))
             return updated
-        if kind is Kind.FSDP or (name in _FSDP1_ONLY and kind is Kind.UNKNOWN and self.ctx.program.may_build_fsdp1()):
+        if name == "process_group" and self._read(original) and (kind is Kind.FSDP or self._named_as_a_model(original)):
+            converted = self._process_group(original, updated, kind)
+            if converted is not None:
+                return converted
+        unknown = (
+            kind is Kind.UNKNOWN
+            and name not in _SHARED
+            and (name in _FSDP1_ONLY or self._named_as_a_model(original))
+            and self.ctx.program.may_build_fsdp1()
+        )
+        if kind is Kind.FSDP or unknown:
             receiver = code_of(self.ctx, original.value)
             what = "works differently" if name in _CHANGED else "does not exist"
-            self.ctx.report(original, self.code, f"`{receiver}.{name}` {what} on an FSDP2 model; {_ADVICE[name]}")
+            # on a receiver nothing is known of, FSDP1's attribute (`model.process_group` of a checkpointer handed
+            # the model) holds back the models that may reach it
+            self.ctx.report(
+                original, self.code, f"`{receiver}.{name}` {what} on an FSDP2 model; {_ADVICE[name]}", unsure=kind is not Kind.FSDP
+            )
         return updated
+
+    def _named_as_a_model(self, node: cst.Attribute) -> bool:
+        return _MODEL_NAME.search(code_of(self.ctx, node.value).rsplit(".", 1)[-1].lower()) is not None
+
+    def _process_group(self, original: cst.Attribute, updated, kind: Kind):
+        """`model.process_group` -> `fsdp2_process_group(model)`, the group FSDP1 sharded over read from the FSDP2
+        model's mesh, and any other module's own: on a model of unknown origin (a checkpointer's argument) where the
+        program may hand it a converting model; None where it is left as it is."""
+        program = self.ctx.program
+        if kind is Kind.FSDP:
+            if not self.fsdp2_ahead(original):
+                return None
+        elif not program.may_build_fsdp1() or self.ctx.dual_versions.holds(self.ctx.stack):
+            return None
+        else:
+            program.use(original, self.code, tuple(self.ctx.stack), dispatchable=True)
+            if not program.dispatch(original):
+                return None
+        self.ctx.mark_handled(original)
+        return cst.Call(func=cst.Name(self.ctx.add_helper(PROCESS_GROUP_HELPER)), args=[cst.Arg(updated.value)])
 
     def _read(self, node) -> bool:
         """`node` is read, not assigned or deleted."""
