@@ -34,7 +34,7 @@ from migrate_fsdp.rewrite.analysis.escapes import Reach, escapes, factory
 from migrate_fsdp.rewrite.analysis.factory_callers import factory_callers
 from migrate_fsdp.rewrite.analysis.guards import checked_instance
 from migrate_fsdp.rewrite.analysis.kept_parameters import handed, kept_by_callers, kept_message
-from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models, is_main_guard
+from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models, is_main_guard, method_owner
 from migrate_fsdp.rewrite.analysis.parameter_tags import tags_parameters
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
 from migrate_fsdp.rewrite.analysis.reexports import coresident, import_graph, imported_elsewhere, imported_modules
@@ -80,6 +80,8 @@ class FileFacts:
     constructors: dict = field(default_factory=dict)  # Position -> converts on its own
     places: dict = field(default_factory=dict)  # constructor Position -> the function holding it, for messages
     escaping: set = field(default_factory=set)  # constructors whose model may reach code out of the file's sight
+    holders: dict = field(default_factory=dict)  # escaping constructor Position -> the class whose method built it
+    # (`self.model = FSDP(...)`): the files that spell the class may hold its objects, and the model with them
     factories: dict = field(default_factory=dict)  # constructor Position -> the module-level function returning its
     # model (its callers are followed: factory_callers.py)
     wraps_unseen: set = field(default_factory=set)  # constructors wrapping a module built out of sight, which may
@@ -660,6 +662,9 @@ def _tie_handed_on(
                     file.escaping.add(position)
             if position in file.escaping:
                 entered.update(reached[site])
+                if position in file.holders and sources is not None:  # `trainer = Trainer(model)`, `trainer.model`
+                    word = re.compile(rb"\b" + re.escape(file.holders[position].encode()) + rb"\b")
+                    entered.update(path for path, data in sources.items() if word.search(data))
                 reached[site] = None
     return unseen, reached, state_reads, entered
 
@@ -716,6 +721,11 @@ class Gate:
             reach = escapes(self.ctx, node, stack)
             if reach is None or reach.escaped:
                 self.facts.escaping.add(position)
+                owner = None
+                if isinstance(function, cst.FunctionDef):
+                    owner = method_owner(function, stack[: next(i for i, n in enumerate(stack) if n is function) + 1])
+                if owner is not None:
+                    self.facts.holders[position] = owner.name.value
             elif reach.importable:
                 self.facts.module_level.add(position)
             elif reach.returns:
