@@ -59,6 +59,7 @@ def test_the_rewrite_uses_every_helper_file():
         fsdp_modules.HELPER_NAME,
         no_sync.HELPER_NAME,
         state_dicts.OPTIM_LATER_HELPER,
+        state_dicts.SHARDED_LOAD_HELPER,
         state_dicts.OPTIM_LOAD_HELPER,
         "fsdp1_unshared_steps",  # inserted with it
         state_dicts.GATHER_HELPER_NAME,

@@ -25,13 +25,14 @@ recognised in its current order `(model, optim, osd)`, in the legacy order
 import libcst as cst
 
 from migrate_fsdp.rewrite.rule import OPTIMIZER_STATE
-from migrate_fsdp.rewrite.rules.construction.codegen import Names, call, statements
+from migrate_fsdp.rewrite.rules.construction.codegen import call, statements
 from migrate_fsdp.rewrite.rules.training.base import bind, literal_bool
 from migrate_fsdp.rewrite.analysis.models import assignments_of
 from migrate_fsdp.rewrite.rules.training.state_dicts import (
     ADVICE,
     OPTIM_LATER_HELPER,
     OPTIM_LOAD_HELPER,
+    SHARDED_LOAD_HELPER,
     DEFAULT_SETTINGS,
     FULL,
     OPTIM_SIGNATURES,
@@ -206,8 +207,8 @@ class OptimStateDict(UsesStateDictPlan):
     def _sharded_load(self, bound, settings):
         """FSDP1's DCP resume, `osd = load_sharded_optimizer_state_dict(model_state_dict=..., optimizer_key=KEY,
         storage_reader=R)` then `FSDP.optim_state_dict_to_load(model, optim, osd[KEY])`: (the loader's line, a
-        maker of its FSDP2 form, `osd = {KEY: get_optimizer_state_dict(model, optim)}` and `dcp.load(osd,
-        storage_reader=R)`, the settings it loads under), when `osd` is bound there only and read here only; None
+        maker of its FSDP2 form, `osd = {KEY: fsdp2_load_optimizer_state(model, optim, KEY, storage_reader=R)}`,
+        the settings it loads under), when `osd` is bound there only and read here only; None
         otherwise. The loader runs under SHARDED_STATE_DICT; the conversion may run there too, or after the block
         with no type set (fms-fsdp): FSDP1 then loads the same state (measured)."""
         value = bound["optim_state_dict"].value
@@ -240,11 +241,9 @@ class OptimStateDict(UsesStateDictPlan):
         def replacement() -> list[cst.BaseStatement]:
             # not resharded before the load line, which this runs while visiting: the model's state loaded just
             # before it left the model sharded, and the setter of the next line reshards
-            build = Builder(self.ctx)
-            get = build.plain_call("get_optimizer_state_dict", [model, optim], None)
-            load = Names(self.ctx).ref(line, "torch.distributed.checkpoint.load")  # `dcp.load` where dcp is imported
             readers = {k: loader[k].value for k in ("storage_reader", "planner") if k in loader}
-            return [*statements(f"{name} = {{KEY: GET}}", KEY=key, GET=get), cst.SimpleStatementLine([cst.Expr(call(load, cst.Name(name), **readers))])]
+            load = call(cst.Name(self.ctx.add_helper(SHARDED_LOAD_HELPER)), model, optim, key, **readers)
+            return statements(f"{name} = {{KEY: LOAD}}", KEY=key, LOAD=load)
 
         return line, replacement, model_state, settings
 

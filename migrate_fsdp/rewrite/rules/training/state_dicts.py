@@ -611,11 +611,12 @@ ANY_MODULE_SAVE_HELPER = "fsdp2_state_dict"
 ANY_MODULE_LOAD_HELPER = "fsdp2_load_state_dict"
 OPTIM_LOAD_HELPER = "fsdp2_set_optimizer_state_dict"
 OPTIM_LATER_HELPER = "fsdp2_optim_state_dict_to_load"
+SHARDED_LOAD_HELPER = "fsdp2_load_optimizer_state"  # FSDP1's DCP resume (load_sharded_optimizer_state_dict)
 # The rewrite's own calls a model is handed to in a state-dict block: none reads FSDP1's setting.
 _REWRITE_HELPERS = frozenset(
     {
         RESHARD_HELPER, GATHER_HELPER_NAME, ANY_MODULE_SAVE_HELPER, ANY_MODULE_LOAD_HELPER, OPTIM_LOAD_HELPER,
-        OPTIM_LATER_HELPER,
+        OPTIM_LATER_HELPER, SHARDED_LOAD_HELPER,
     }
 )
 
