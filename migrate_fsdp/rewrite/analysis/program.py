@@ -128,6 +128,8 @@ class Verdict:
     blocked: dict = field(default_factory=dict)  # constructor Position -> why it stays FSDP1
     denied: dict = field(default_factory=dict)  # (Position, code) -> Denial
     settings: set = field(default_factory=set)  # Positions of FSDP1 settings' definitions that take their FSDP2 form
+    checkpointing: set = field(default_factory=set)  # Positions of wrap policies only activation checkpointing reads:
+    # FSDP1's form is what it takes, no FSDP1 use to report
     fsdp1_receivers: set = field(default_factory=set)  # Positions of FSDP1-shaped calls on unknown receivers that
     # are FSDP1 models' (nothing else in the program has those methods)
     state_reads: set = field(default_factory=set)  # Positions of FileFacts.state_reads a converting model reaches
@@ -148,6 +150,7 @@ class Verdict:
             or self.blocked
             or self.denied
             or self.settings
+            or self.checkpointing
             or self.fsdp1_receivers
             or self.state_reads
             or self.unreached
@@ -512,6 +515,9 @@ def _convert_settings(facts: list[FileFacts], verdicts: dict[str, Verdict], flow
         )
 
     reached = {(f.path, p): flow.sinks(f.path, p) for f in facts for p in f.settings}
+    for (path, position), sinks in reached.items():
+        if sinks and all(sink.checkpointing for sink in sinks):
+            verdicts[path].checkpointing.add(position)
     converting = {site for site, sinks in reached.items() if sinks is not None and (sinks or not keeps_fsdp1)}
     changed = True
     while changed:  # a setting read by another (an `_or_policy`'s element) converts only if that one does
@@ -802,6 +808,11 @@ class Gate:
         if custom_policy:
             self.facts.custom_policies[position] = readable
         return self.verdict is not None and position in self.verdict.settings
+
+    def only_checkpointing(self, node) -> bool:
+        """Whether the wrap policy `node` (recorded by `setting`) reaches only `apply_activation_checkpointing`,
+        which takes FSDP1's wrap policies: nothing of FSDP1's sharding to convert or report."""
+        return self.verdict is not None and self.ctx.position(node) in self.verdict.checkpointing
 
     def fsdp1_receiver(self, func) -> bool:
         """Whether the program decided that the unknown receiver of this FSDP1-shaped call (`func`: `x.no_sync`,

@@ -17,7 +17,9 @@ module-level name (also through a package's star re-exports) and read
 through an imported module (`policies.bf16`), an attribute of `self` that only its class reads
 (`self.strategy = ShardingStrategy.X`, then `sharding_strategy=self.strategy`), into an argument of a function
 of the program (`setup(model, auto_wrap_policy=policy)`: its parameter is
-followed there), and into a keyword argument of any other call (a
+followed there), and into a keyword argument of any other call (also
+`apply_activation_checkpointing(auto_wrap_policy=...)`, which takes FSDP1's
+wrap policies and no other form) (a
 constructor's, or an `_or_policy`'s `policies=[...]`: decide judges them).
 Printing it is harmless. Anything else it meets means it may reach code out
 of sight.
@@ -36,6 +38,7 @@ from migrate_fsdp.rewrite.syntax import dotted, walk
 
 Position = tuple[int, int]
 _HARMLESS = ("builtins.print",)
+_CHECKPOINTING = "torch.distributed.algorithms._checkpoint.checkpoint_wrapper.apply_activation_checkpointing"
 _STAR_DEPTH = 4  # packages re-exporting modules that re-export modules...
 
 
@@ -46,6 +49,7 @@ class Sink:
     path: str
     call: Position
     keyword: str
+    checkpointing: bool = False  # `apply_activation_checkpointing(auto_wrap_policy=...)`: it takes FSDP1's form
 
 
 class _OutOfSight(Exception):
@@ -189,7 +193,8 @@ class ValueFlow:
         if ctx.matches(call.func, "builtins.dict"):  # `kw = dict(auto_wrap_policy=policy)`: an item keyed by its name
             self._value(path, call, found, seen, held=arg.keyword.value)
             return
-        found.add(Sink(path, ctx.position(call), arg.keyword.value))
+        checkpointing = ctx.matches(call.func, _CHECKPOINTING) and arg.keyword.value == "auto_wrap_policy"
+        found.add(Sink(path, ctx.position(call), arg.keyword.value, checkpointing))
 
     def _program_function(self, path: str, ctx, call: cst.Call) -> tuple[str, cst.FunctionDef] | None:
         """(its file, the function) when `call` runs a function of the program: of its file or imported."""

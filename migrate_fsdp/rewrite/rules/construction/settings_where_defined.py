@@ -95,6 +95,11 @@ class SettingsWhereDefined(Rule):
         if ctx.program.setting(node, reads):
             self._converted[id(node)] = self._form(node)
             ctx.mark_handled(node)
+        elif ctx.program.only_checkpointing(node):
+            # torchtune's `apply_activation_checkpointing(auto_wrap_policy=ModuleWrapPolicy(...))`: a function policy
+            # of its own, which picks the same modules with no FSDP1 module
+            self._converted[id(node)] = self._checkpointing_form(node)
+            ctx.mark_handled(node)
 
     def leave_Call(self, original: cst.Call, updated):
         form = self._converted.pop(id(original), None)
@@ -140,6 +145,26 @@ class SettingsWhereDefined(Rule):
         else:
             classes = call("tuple", classes)
         return lambda updated: classes
+
+    def _checkpointing_form(self, node: cst.Call):
+        """The form apply_activation_checkpointing takes: a function policy, as FSDP1's wrap module's were (a tuple
+        of classes it does not take: `partial(_fsdp1_lambda_policy, lambda_fn=lambda module: isinstance(...))`)."""
+        classes = self._classes(node)
+        if classes is None:
+            return self._form(node)
+        if isinstance(classes, (cst.Set, cst.List, cst.Tuple)):
+            classes = cst.Tuple([cst.Element(element.value) for element in classes.elements])
+        else:
+            classes = call("tuple", classes)
+        # the classes taken now, as FSDP1's policy took them (the name holding them may be rebound to the policy)
+        picks = cst.parse_expression("lambda module, classes=CLASSES: isinstance(module, classes)")
+        default = picks.params.params[1]
+        picks = picks.with_changes(
+            params=picks.params.with_changes(params=[picks.params.params[0], default.with_changes(default=classes)])
+        )
+        partial = cst.Name(self.ctx.require_import("functools", "partial"))
+        converted = call(partial, cst.Name(self.ctx.add_helper(LAMBDA_HELPER)), lambda_fn=picks)
+        return lambda updated: converted
 
     def _custom_function(self, node: cst.Call) -> cst.BaseExpression | None:
         """The function of `CustomPolicy(f)`."""
