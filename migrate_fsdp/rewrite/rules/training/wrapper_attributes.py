@@ -23,7 +23,7 @@ import libcst as cst
 
 from migrate_fsdp.rewrite.rules.training.base import FSDP2_TOKENS, RemovesStatements, code_of
 from migrate_fsdp.rewrite.analysis.models import Kind
-from migrate_fsdp.rewrite.syntax import dotted
+from migrate_fsdp.rewrite.syntax import dotted, walk
 
 _ADVICE = {
     "module": "FSDP2 wraps nothing: use the model itself (`fully_shard` shards it in place)",
@@ -56,7 +56,12 @@ _MODULE_STATE_API = frozenset(
     {"state_dict", "load_state_dict", "parameters", "buffers", "modules", "children", "apply", "forward",
      "get_parameter", "get_buffer", "get_submodule", "to_empty"}
 )
-_CHANGED = frozenset({"apply"})  # nn.Module has it too, without FSDP1's gathering
+_CHANGED = frozenset({"apply"})
+
+
+def _users_own(attr: str) -> bool:
+    """An attribute of the user's model class, not nn.Module's enumeration or state API."""
+    return attr not in _MODULE_STATE_API and not attr.startswith(("register_", "named_", "_"))  # nn.Module has it too, without FSDP1's gathering
 
 
 class WrapperAttributes(RemovesStatements):
@@ -78,7 +83,7 @@ class WrapperAttributes(RemovesStatements):
             # `m.module if isinstance(m, FSDP) else m`, `if isinstance(m, FSDP): return m.module`: the user's
             # module, which under FSDP2 is the model itself
             return updated.value if self.fsdp2_ahead(original) else updated
-        if name == "module" and kind is Kind.FSDP and self._reaches_the_users_own(original):
+        if name == "module" and kind is Kind.FSDP and (self._reaches_the_users_own(original) or self._named_for_its_own(original)):
             # FSDP1's root wrapped the module; fully_shard shards the module itself: `model.module.freeze()` is
             # `model.freeze()`. What nn.Module enumerates or serialises (state_dict, parameters, ...) differs
             # between the inner module and an FSDP2 model, so `model.module.state_dict()` stays reported.
@@ -202,6 +207,29 @@ class WrapperAttributes(RemovesStatements):
             and not isinstance(test.args[1].value, cst.Tuple)
         )
 
+    def _named_for_its_own(self, node: cst.Attribute) -> bool:
+        """`raw_model = model.module` (nanoGPT's), where the name, bound once, is read only for attributes of the
+        user's own class (`raw_model.estimate_mfu(...)`): each such read is the model's own under FSDP2."""
+        stack = self.ctx.stack
+        assign = stack[-2] if len(stack) >= 2 else None
+        if not (isinstance(assign, cst.Assign) and assign.value is node and len(assign.targets) == 1):
+            return False
+        target = assign.targets[0].target
+        scope = self.ctx.scope(target) if isinstance(target, cst.Name) else None
+        bindings = list(scope[target.value]) if scope is not None else []
+        if len(bindings) != 1 or not bindings[0].references:
+            return False
+        references = {id(access.node) for access in bindings[0].references}
+        for name, ancestors in walk(getattr(scope, "node", self.ctx.module)):
+            if id(name) not in references:
+                continue
+            read = ancestors[-1] if ancestors else None
+            if not (isinstance(read, cst.Attribute) and read.value is name and _users_own(read.attr.value)):
+                return False
+            if len(ancestors) >= 2 and isinstance(ancestors[-2], (cst.Del, cst.AugAssign)):
+                return False  # reads the inner module's attribute first
+        return True
+
     def _reaches_the_users_own(self, node: cst.Attribute) -> bool:
         """`node` (`model.module`) is read for an attribute of the user's own model class (`.freeze()`,
         `.config`), not for nn.Module's enumeration or state API, and not assigned to."""
@@ -211,5 +239,4 @@ class WrapperAttributes(RemovesStatements):
         grand = self.ctx.stack[-3] if len(self.ctx.stack) >= 3 else None
         if isinstance(grand, (cst.AssignTarget, cst.Del, cst.AugAssign, cst.AnnAssign)) and grand.target is parent:
             return True  # `model.module.flag = x` sets the user's attribute on the model itself
-        attr = parent.attr.value
-        return attr not in _MODULE_STATE_API and not attr.startswith(("register_", "named_", "_"))
+        return _users_own(parent.attr.value)
