@@ -500,11 +500,15 @@ class FsdpModels:
         return []
 
     def _failed_test_facts(self, test) -> list[tuple[cst.BaseExpression, Kind, str]]:
-        """What holds where `test` is false: `not isinstance(...)` fails, as does each side of an `or`."""
+        """What holds where `test` is false: `not isinstance(...)` fails, as does each side of an `or`; where
+        `isinstance(m, FSDP)` fails, `m` is no sharded model (the else branch FSDP1 never ran for its models)."""
         if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
             return [*self._failed_test_facts(test.left), *self._failed_test_facts(test.right)]
         if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             return self._isinstance_facts(test.expression)
+        facts = self._isinstance_facts(test) if isinstance(test, cst.Call) else []
+        if len(facts) == 1 and facts[0][1] is Kind.FSDP and not isinstance(test.args[1].value, cst.Tuple):
+            return [(facts[0][0], Kind.PLAIN, facts[0][2])]
         return []
 
     # ----- answering ------------------------------------------------------------------------
