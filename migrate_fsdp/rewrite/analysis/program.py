@@ -875,11 +875,9 @@ class Gate:
         file can trace of it, and so does a read of what only an FSDP1 model has (`fsdp1_only`); a call shaped
         like FSDP1's on a receiver nothing is known of may (`unsure`). A read of an optimizer's parameters (`any_model`)
         may meet every model of the files it runs with, out of sight or not: their optimizers are built there."""
-        self._record_staying(self.facts.staying, node, code, stack, unsure, fsdp1_only or any_model, any_model)
+        self._record_staying(node, code, stack, unsure, fsdp1_only or any_model, any_model)
 
-    def _record_staying(
-        self, table: dict, node, code: str, stack, unsure: bool, fsdp1_only: bool = False, any_model: bool = False
-    ) -> None:
+    def _record_staying(self, node, code: str, stack, unsure: bool, fsdp1_only: bool, any_model: bool) -> None:
         if self.verdict is not None or self.ctx.dual_versions.holds(stack):
             return
         ties, untied, _ = self._origins(node, stack)
@@ -889,7 +887,7 @@ class Gate:
             use = Use(
                 code, frozenset(ties), untied, _function(stack), _handed_in(node, stack), unsure=unsure and not ties, any_model=any_model
             )
-            table[(self.ctx.position(node), code)] = use
+            self.facts.staying[(self.ctx.position(node), code)] = use
 
     def _checked_fsdp1(self, node, stack) -> bool:
         """`node` runs only where `isinstance(m, FSDP)` holds for a model it names: it takes an FSDP1 model."""

@@ -14,13 +14,15 @@ conditional and boolean expressions, `return` (also as an element of a
 returned tuple that the caller unpacks), every call of the function that
 returns it (in its file, or imported by another module), every import of a
 module-level name (also through a package's star re-exports) and read
-through an imported module (`policies.bf16`), an attribute of `self` that only its class reads
-(`self.strategy = ShardingStrategy.X`, then `sharding_strategy=self.strategy`), into an argument of a function
+through an imported module (`policies.bf16`), an attribute of `self` that
+only its class reads (`self.strategy = ShardingStrategy.X`, then
+`sharding_strategy=self.strategy`), the result of a method at every call of
+it in the program, into an argument of a function
 of the program (`setup(model, auto_wrap_policy=policy)`: its parameter is
-followed there), and into a keyword argument of any other call (also
-`apply_activation_checkpointing(auto_wrap_policy=...)`, which takes FSDP1's
-wrap policies and no other form) (a
-constructor's, or an `_or_policy`'s `policies=[...]`: decide judges them).
+followed there), and into a keyword argument of any other call (a
+constructor's, an `_or_policy`'s `policies=[...]`, or
+`apply_activation_checkpointing(auto_wrap_policy=...)`, which takes only a
+function policy: decide judges them).
 Printing it is harmless. Anything else it meets means it may reach code out
 of sight.
 """

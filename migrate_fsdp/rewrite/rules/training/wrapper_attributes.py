@@ -56,12 +56,12 @@ _MODULE_STATE_API = frozenset(
     {"state_dict", "load_state_dict", "parameters", "buffers", "modules", "children", "apply", "forward",
      "get_parameter", "get_buffer", "get_submodule", "to_empty"}
 )
-_CHANGED = frozenset({"apply"})
+_CHANGED = frozenset({"apply"})  # nn.Module has it too, without FSDP1's gathering
 
 
 def _users_own(attr: str) -> bool:
     """An attribute of the user's model class, not nn.Module's enumeration or state API."""
-    return attr not in _MODULE_STATE_API and not attr.startswith(("register_", "named_", "_"))  # nn.Module has it too, without FSDP1's gathering
+    return attr not in _MODULE_STATE_API and not attr.startswith(("register_", "named_", "_"))
 
 
 class WrapperAttributes(RemovesStatements):
@@ -220,15 +220,17 @@ class WrapperAttributes(RemovesStatements):
         if len(bindings) != 1 or not bindings[0].references:
             return False
         references = {id(access.node) for access in bindings[0].references}
+        seen = 0
         for name, ancestors in walk(getattr(scope, "node", self.ctx.module)):
             if id(name) not in references:
                 continue
+            seen += 1
             read = ancestors[-1] if ancestors else None
             if not (isinstance(read, cst.Attribute) and read.value is name and _users_own(read.attr.value)):
                 return False
             if len(ancestors) >= 2 and isinstance(ancestors[-2], (cst.Del, cst.AugAssign)):
                 return False  # reads the inner module's attribute first
-        return True
+        return seen == len(references)  # every read found where the name lives
 
     def _reaches_the_users_own(self, node: cst.Attribute) -> bool:
         """`node` (`model.module`) is read for an attribute of the user's own model class (`.freeze()`,
