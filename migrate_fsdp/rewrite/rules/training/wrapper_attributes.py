@@ -46,10 +46,10 @@ _ADVICE = {
 PROCESS_GROUP_HELPER = "fsdp2_process_group"
 # A receiver of unknown origin named as a model (`model`, `self.fsdp_model`, `net`): configs share these
 # attributes' names (`cfg.sharding_strategy`, `train_config.mixed_precision`).
-_MODEL_NAME = re.compile(r"(^|_)(model|module|net|network|wrapper|wrapped)s?(_|$)")
+_MODEL_NAME = re.compile(r"(^|_)(model|module|net|network|wrapper|wrapped)s?$")  # not `model_cfg`
 _FSDP1_ONLY = frozenset({"check_is_root"})  # reported on any receiver: no other class names it
-# What plain modules and DDP have too: reported only on receivers shown to be FSDP1 models.
-_SHARED = frozenset({"module", "apply", "rank", "world_size", "process_group", "register_comm_hook"})
+# What plain modules, DDP or a user's model classes have too: reported only on receivers shown to be FSDP1 models.
+_SHARED = frozenset({"module", "apply", "rank", "world_size", "process_group", "register_comm_hook", "params"})
 _GROUP_SIZES = {"rank": "get_rank", "world_size": "get_world_size"}
 # nn.Module API whose answer differs between FSDP1's inner module and an FSDP2 model (full vs sharded, names).
 _MODULE_STATE_API = frozenset(
