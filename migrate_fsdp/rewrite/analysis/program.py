@@ -37,7 +37,7 @@ from migrate_fsdp.rewrite.analysis.kept_parameters import handed, kept_by_caller
 from migrate_fsdp.rewrite.analysis.models import FSDP_CLASS, fsdp_models, is_main_guard, method_owner
 from migrate_fsdp.rewrite.analysis.parameter_tags import tags_parameters
 from migrate_fsdp.rewrite.analysis.reachability import declarations, unnamed
-from migrate_fsdp.rewrite.analysis.reexports import coresident, import_graph, imported_elsewhere, imported_modules
+from migrate_fsdp.rewrite.analysis.reexports import coresident, import_graph, imported_elsewhere, imported_modules, importing
 from migrate_fsdp.rewrite.analysis.remote_calls import RemoteCalls
 from migrate_fsdp.rewrite.analysis.value_flow import ValueFlow
 from migrate_fsdp.rewrite.names import canonical, is_fsdp1
@@ -198,6 +198,11 @@ def decide(facts: list[FileFacts], sources: Mapping[str, bytes] | None = None) -
         if imported is not None and file.path in imported:
             file.escaping |= file.module_level
     unseen_reads, reaches, state_reads, entered = _tie_handed_on(facts, remote_calls, sources, imported or set())
+    # A factory whose callers the program cannot all follow (held in a table: torchtitan's
+    # `models_parallelize_fns["llama"](model, ...)`) hands its model to the entry points importing it.
+    lost_factories = {f.path for f in facts for position in f.factories if position in f.escaping}
+    if lost_factories and sources:
+        entered |= importing(imports(), lost_factories)
     adopted = _adopt_unsure_receivers(facts, sources or {})
     for file in facts:
         for use in file.uses.values():

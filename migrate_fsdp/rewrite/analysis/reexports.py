@@ -101,11 +101,16 @@ def coresident(graph: Mapping[str, set[str]], starts: set[str]) -> set[str]:
     """The files that may run in one process with `starts`, so reach a model leaving sight there: those importing
     one of them (the entry points running it), and everything these import. Two scripts that only share a
     library run apart."""
+    return _closure(graph, importing(graph, starts))
+
+
+def importing(graph: Mapping[str, set[str]], starts: set[str]) -> set[str]:
+    """`starts` and the files importing one of them, directly or through others: the entry points running them."""
     importers: dict[str, set[str]] = {}
     for path, targets in graph.items():
         for target in targets:
             importers.setdefault(target, set()).add(path)
-    return _closure(graph, _closure(importers, set(starts)))
+    return _closure(importers, set(starts))
 
 
 def _closure(edges: Mapping[str, set[str]], starts: set[str]) -> set[str]:
