@@ -140,10 +140,7 @@ class SettingsWhereDefined(Rule):
         if classes is None:
             copy = cst.Name(self.ctx.add_helper(self._replayed(node)[0]))
             return lambda updated: updated.with_changes(args=[updated.args[0].with_changes(value=copy), *updated.args[1:]])
-        if isinstance(classes, (cst.Set, cst.List, cst.Tuple)):
-            classes = cst.Tuple([cst.Element(element.value) for element in classes.elements])
-        else:
-            classes = call("tuple", classes)
+        classes = _class_tuple(classes)
         return lambda updated: classes
 
     def _checkpointing_form(self, node: cst.Call):
@@ -152,10 +149,7 @@ class SettingsWhereDefined(Rule):
         classes = self._classes(node)
         if classes is None:
             return self._form(node)
-        if isinstance(classes, (cst.Set, cst.List, cst.Tuple)):
-            classes = cst.Tuple([cst.Element(element.value) for element in classes.elements])
-        else:
-            classes = call("tuple", classes)
+        classes = _class_tuple(classes)
         # the classes taken now, as FSDP1's policy took them (the name holding them may be rebound to the policy)
         picks = cst.parse_expression("lambda module, classes=CLASSES: isinstance(module, classes)")
         default = picks.params.params[1]
@@ -201,3 +195,10 @@ class SettingsWhereDefined(Rule):
                     return None
                 return helper, options
         return None
+
+
+def _class_tuple(classes: cst.BaseExpression) -> cst.BaseExpression:
+    """The classes of a policy as the tuple isinstance takes: `{A, B}` -> `(A, B)`, anything else -> `tuple(...)`."""
+    if isinstance(classes, (cst.Set, cst.List, cst.Tuple)):
+        return cst.Tuple([cst.Element(element.value) for element in classes.elements])
+    return call("tuple", classes)
